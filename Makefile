@@ -1,0 +1,46 @@
+# raycobo — `make demo` runs the quickstart, `make test` runs the test suite.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+
+.PHONY: demo test install data lint clean bench
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Torch first, pinned, so that nothing later resolves a different build.
+$(STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt torch==2.14.1 torchvision==0.29.1
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Fashion-MNIST from Debian's dataset-fashion-mnist when missing and possible;
+# the demo falls back to sklearn's digits (with a notice) when it is not there.
+data:
+	@if [ ! -f $(FMNIST) ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1)) || \
+		echo "note: could not install dataset-fashion-mnist; the demo will use sklearn's digits"; \
+	fi
+
+demo: install data
+	$(VENV)/bin/raycobo demo examples/quickstart.yaml
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check raycobo tests benchmarks
+	$(VENV)/bin/ruff format --check raycobo tests benchmarks
+
+bench: install
+	$(VENV)/bin/raycobo bench engine
+
+clean:
+	rm -rf $(VENV) runs mlruns.db mlartifacts .pytest_cache

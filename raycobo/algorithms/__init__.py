@@ -1,0 +1,44 @@
+"""Collaborative-learning algorithms as pure torch math over explicit state.
+
+This package imports neither ray nor mlflow: engines (``raycobo.engine``) and tracking
+(``raycobo.tracking``) live above it. Algorithms are chosen by name from ``ALGORITHMS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from raycobo.algorithms.base import Algorithm, ClientOps, Evaluation, evaluate
+from raycobo.algorithms.cobo import CoBo
+from raycobo.algorithms.ditto import Ditto
+from raycobo.algorithms.fc import FederatedClustering
+from raycobo.algorithms.fedavg import FedAvg, FedAvgFT
+from raycobo.algorithms.ifca import IFCA
+from raycobo.algorithms.local import Local
+from raycobo.algorithms.oracle import Oracle
+from raycobo.config import AlgorithmConfig, ConfigError
+
+ALGORITHMS: dict[str, Callable[[AlgorithmConfig, int, int], Algorithm]] = {
+    "cobo": CoBo,
+    "local": Local,
+    "fedavg": FedAvg,
+    "fedavg_ft": FedAvgFT,
+    "ditto": Ditto,
+    "ifca": IFCA,
+    "fc": FederatedClustering,
+    "oracle": Oracle,
+}
+
+
+def build_algorithm(cfg: AlgorithmConfig, rounds: int, seed: int) -> Algorithm:
+    try:
+        factory = ALGORITHMS[cfg.name]
+    except KeyError:
+        raise ConfigError(
+            f"invalid config key 'algorithm.name': unknown algorithm '{cfg.name}' "
+            f"(choose from {', '.join(sorted(ALGORITHMS))})"
+        ) from None
+    return factory(cfg, rounds, seed)
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "ClientOps", "Evaluation", "build_algorithm", "evaluate"]

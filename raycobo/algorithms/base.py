@@ -1,0 +1,116 @@
+"""The interface between algorithms (pure math) and engines (where clients compute).
+
+An algorithm keeps its state explicitly (a dataclass of tensors: models X, weights W,
+...) and asks an engine, through :class:`ClientOps`, for the only things that need the
+clients' data: stochastic gradients and losses of chosen clients at chosen points, and
+test metrics. "Gradients of clients I at points Z" is the single primitive that CoBo's
+alignment step, its model step and every baseline reduce to; an engine is free to batch
+it (the local engine stacks all clients into one call) or to ship it to actors that hold
+the data (the Ray engine).
+
+Minibatches are drawn from counter-based hashes of (seed, round, client, stream, salt),
+so two engines given the same request draw the same samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass
+class Evaluation:
+    """Per-client test metrics; ``accuracy`` is None for regression tasks."""
+
+    loss: torch.Tensor  # (m,)
+    accuracy: torch.Tensor | None  # (m,)
+
+
+class ClientOps(Protocol):
+    """What an engine offers an algorithm."""
+
+    n_clients: int
+    dim: int
+    clusters: list[int | None]
+    device: torch.device
+
+    def initial_params(self) -> torch.Tensor:
+        """The shared starting point x^0, shape (d,)."""
+        ...
+
+    def random_params(self, salt: int) -> torch.Tensor:
+        """An independent random initialisation (d,), deterministic in (seed, salt)."""
+        ...
+
+    def data_sizes(self) -> torch.Tensor:
+        """Training-set size of every client, shape (n,), float."""
+        ...
+
+    def grads(
+        self,
+        clients: torch.Tensor,
+        Z: torch.Tensor,
+        round: int,
+        stream: int,
+        salt: torch.Tensor | int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stochastic gradients of f_{clients[k]} at Z[k] on a fresh minibatch of that
+        client's own data. Returns (G (m, d), losses (m,))."""
+        ...
+
+    def losses(
+        self,
+        clients: torch.Tensor,
+        Z: torch.Tensor,
+        round: int,
+        stream: int,
+        salt: torch.Tensor | int = 0,
+    ) -> torch.Tensor:
+        """Minibatch losses of f_{clients[k]} at Z[k], shape (m,), no gradient."""
+        ...
+
+    def evaluate(self, clients: torch.Tensor, Z: torch.Tensor) -> Evaluation:
+        """Test metrics of client k's model Z[k] on client k's test data."""
+        ...
+
+
+class Algorithm(Protocol):
+    """A collaborative-learning method over explicit state."""
+
+    name: str
+
+    def init(self, ops: ClientOps) -> Any: ...
+
+    def round(self, state: Any, t: int, ops: ClientOps) -> tuple[Any, dict[str, float]]:
+        """One synchronous round t (0-based). Returns the new state and round statistics."""
+        ...
+
+    def eval_params(self, state: Any) -> torch.Tensor:
+        """The model each client predicts with, (n, d)."""
+        ...
+
+    def collaboration(self, state: Any) -> torch.Tensor | None:
+        """The n x n collaboration matrix, or None when the method has none."""
+        ...
+
+
+def evaluate(algo: Algorithm, state: Any, ops: ClientOps) -> Evaluation:
+    """Default evaluation: every client's prediction model on its own test data."""
+    custom = getattr(algo, "evaluate", None)
+    if custom is not None:
+        return custom(state, ops)
+    clients = torch.arange(ops.n_clients, device=ops.device)
+    return ops.evaluate(clients, algo.eval_params(state))
+
+
+def all_clients(ops: ClientOps) -> torch.Tensor:
+    return torch.arange(ops.n_clients, device=ops.device)
+
+
+def cluster_labels(ops: ClientOps) -> torch.Tensor | None:
+    """Ground-truth cluster id per client as a tensor, or None when unknown."""
+    if any(c is None for c in ops.clusters):
+        return None
+    return torch.tensor(ops.clusters, device=ops.device)

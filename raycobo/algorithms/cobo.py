@@ -1,0 +1,126 @@
+"""CoBo: Collaborative Learning via Bilevel Optimization.
+
+Pan, Zhu, He, Jaggi, "CoBo: Collaborative Learning via Bilevel Optimization",
+NeurIPS 2024, https://arxiv.org/abs/2409.05539 -- Algorithm 1.
+
+Each round t:
+
+1. client selection (Eq. 1 / Eq. 4): for every sampled pair (i, j), i != j,
+   z_ij = (x_i + x_j) / 2 and
+   w_ij <- Proj_D(w_ij + gamma * <g_i(z_ij), g_j(z_ij)>),
+   with g_i, g_j stochastic gradients of f_i and f_j at z_ij, each on a fresh batch of
+   that client's own data. D is the box [0, 1] (W symmetric, W^0 = 1) or, per row, the
+   probability simplex over the other clients (W^0 uniform, w_ii = 0).
+2. model training (Eq. 2 / Eq. 3), synchronous in the round-t models:
+   x_i <- x_i - eta * (g_i(x_i) + rho * sum_k w_ik (x_i - x_k)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from raycobo import rng
+from raycobo.algorithms.base import ClientOps, all_clients
+from raycobo.algorithms.projections import project_box, project_simplex
+from raycobo.algorithms.samplers import EdgeSampler
+from raycobo.config import AlgorithmConfig
+
+
+@dataclass
+class CoBoState:
+    X: torch.Tensor  # (n, d) personal models x_i
+    W: torch.Tensor  # (n, n) collaboration weights w_ij
+
+
+def initial_weights(n: int, domain: str, device: torch.device | None = None) -> torch.Tensor:
+    if domain == "box":
+        return torch.ones(n, n, device=device)  # W^0 = 1 (Algorithm 1, Input)
+    W = torch.full((n, n), 1.0 / max(n - 1, 1), device=device)  # uniform over the others
+    W.fill_diagonal_(0.0)
+    return W
+
+
+def update_weights(
+    W: torch.Tensor, edges: torch.Tensor, scores: torch.Tensor, gamma: float, domain: str
+) -> torch.Tensor:
+    """Projected gradient ascent step on the sampled entries (Eq. 1).
+
+    W: (n, n); edges: (E, 2) with i < j; scores: (E,) = <g_i(z_ij), g_j(z_ij)>."""
+    if edges.numel() == 0:
+        return W
+    W = W.clone()
+    i, j = edges[:, 0], edges[:, 1]
+    step = gamma * scores.to(W.dtype)  # (E,)
+    if domain == "box":
+        w = project_box(W[i, j] + step)
+        W[i, j] = w
+        W[j, i] = w
+        return W
+    W[i, j] += step
+    W[j, i] += step
+    rows = torch.unique(edges.flatten())
+    mask = torch.ones(rows.numel(), W.shape[1], dtype=torch.bool, device=W.device)
+    mask[torch.arange(rows.numel(), device=W.device), rows] = False  # w_ii not in the simplex
+    W[rows] = project_simplex(W[rows], mask)
+    return W
+
+
+def alignment_scores(ops: ClientOps, X: torch.Tensor, edges: torch.Tensor, t: int) -> torch.Tensor:
+    """<g_i(z_ij), g_j(z_ij)> for every edge, each gradient on its own client's data.
+
+    X: (n, d); edges: (E, 2) -> (E,)."""
+    i, j = edges[:, 0], edges[:, 1]
+    Z = 0.5 * (X[i] + X[j])  # (E, d) midpoints z_ij
+    clients = torch.cat([i, j])  # (2E,)  client i's batch, then client j's
+    partners = torch.cat([j, i])  # salt: each edge draws fresh batches
+    G, _ = ops.grads(clients, torch.cat([Z, Z]), t, rng.ALIGN, partners)  # (2E, d)
+    E = edges.shape[0]
+    return (G[:E] * G[E:]).sum(dim=1)
+
+
+def penalty(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """sum_k w_ik (x_i - x_k) for every i: (diag(W 1) - W) X. X: (n, d), W: (n, n)."""
+    return W.sum(dim=1, keepdim=True) * X - W @ X
+
+
+class CoBo:
+    name = "cobo"
+
+    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+        self.cfg = cfg
+        self.rounds = rounds
+        self.seed = seed
+
+    def sampler(self, n: int) -> EdgeSampler:
+        c = self.cfg
+        return EdgeSampler(
+            c.sampling, n, self.rounds, self.seed, c.sampling_c, c.time_c, c.mixed_switch
+        )
+
+    def init(self, ops: ClientOps) -> CoBoState:
+        X = ops.initial_params().expand(ops.n_clients, -1).clone()  # x_i^0 = x^0
+        return CoBoState(X, initial_weights(ops.n_clients, self.cfg.domain, X.device))
+
+    def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
+        c = self.cfg
+        X, W = state.X, state.W
+        edges = self.sampler(ops.n_clients).sample(t).to(X.device)  # (E, 2)
+        if edges.numel():
+            scores = alignment_scores(ops, X, edges, t)
+            W = update_weights(W, edges, scores, c.gamma, c.domain)
+        G, loss = ops.grads(all_clients(ops), X, t, rng.STEP)  # g_i at x_i^t
+        X = X - c.lr * (G + c.rho * penalty(X, W))  # Eq. (3)
+        stats = {
+            "train_loss": float(loss.mean()),
+            "edges": float(edges.shape[0]),
+            "alignment_grads": float(2 * edges.shape[0]),
+        }
+        return CoBoState(X, W), stats
+
+    def eval_params(self, state: CoBoState) -> torch.Tensor:
+        return state.X
+
+    def collaboration(self, state: CoBoState) -> torch.Tensor:
+        return state.W

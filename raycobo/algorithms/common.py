@@ -1,0 +1,69 @@
+"""Small pure functions shared by several algorithms."""
+
+from __future__ import annotations
+
+import torch
+
+from raycobo import rng
+from raycobo.algorithms.base import ClientOps
+
+
+def sample_clients(n: int, rate: float, seed: int, t: int) -> torch.Tensor:
+    """Client ids taking part in round t: each with probability ``rate`` (at least one)."""
+    ids = torch.arange(n)
+    if rate >= 1.0:
+        return ids
+    u = rng.uniform(seed, rng.SAMPLER, t, ids, 0x51)
+    chosen = ids[u < rate]
+    if chosen.numel() == 0:
+        chosen = ids[torch.argmin(u)].reshape(1)
+    return chosen
+
+
+def local_sgd(
+    ops: ClientOps,
+    clients: torch.Tensor,
+    start: torch.Tensor,
+    lr: float,
+    steps: int,
+    t: int,
+    stream: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``steps`` SGD steps of each client from its start point. start: (m, d).
+
+    Returns the end points (m, d) and the first step's minibatch losses (m,)."""
+    Y = start.clone()
+    first_loss = None
+    for s in range(steps):
+        G, loss = ops.grads(clients, Y, t, stream, s)
+        Y -= lr * G
+        if first_loss is None:
+            first_loss = loss
+    assert first_loss is not None
+    return Y, first_loss
+
+
+def weighted_average(Y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum_k weights_k Y_k / sum_k weights_k; Y: (m, d), weights: (m,) -> (d,)."""
+    w = weights.to(Y.dtype)
+    return (w[:, None] * Y).sum(0) / w.sum()
+
+
+def group_average(
+    Y: torch.Tensor, groups: torch.Tensor, weights: torch.Tensor, n_groups: int, old: torch.Tensor
+) -> torch.Tensor:
+    """Per-group weighted averages of the rows of Y; groups without members keep ``old``.
+
+    Y: (m, d); groups: (m,) in [0, n_groups); weights: (m,); old: (n_groups, d)."""
+    w = weights.to(Y.dtype)
+    sums = torch.zeros_like(old).index_add_(0, groups, w[:, None] * Y)  # (K, d)
+    mass = torch.zeros(n_groups, dtype=Y.dtype, device=Y.device).index_add_(0, groups, w)
+    has = mass > 0
+    out = old.clone()
+    out[has] = sums[has] / mass[has, None]
+    return out
+
+
+def same_group_matrix(groups: torch.Tensor) -> torch.Tensor:
+    """W_ij = 1 when clients i and j share a group, else 0. groups: (n,) -> (n, n)."""
+    return (groups[:, None] == groups[None, :]).to(torch.float32)

@@ -1,0 +1,94 @@
+"""Edge sampling for CoBo's client-selection step (CoBo Section 4.1, Table 1).
+
+Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
+
+- ``constant``: p = min(1, c / n)  -- O(n) alignment gradients per round in expectation
+  (Algorithm 1, line 11, with c = 1);
+- ``time``:     p_t = min(1, c / (t + 1))  -- O(1/t);
+- ``mixed``:    constant for the first ``mixed_switch`` share of rounds (0.2 % in the
+  paper), then time-dependent;
+- ``full``:     every pair, every round (the paper's "no sampling" oracle).
+
+Draws are seeded by (seed, round) only, so they are reproducible and cost
+O(expected edges) -- not O(n^2) -- by geometric skipping over the pair index.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from raycobo import rng
+
+
+def n_pairs(n: int) -> int:
+    return n * (n - 1) // 2
+
+
+def unrank_pairs(lin: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Map linear indices of the strict upper triangle (row-major) to (i, j), i < j."""
+    lin = lin.to(torch.float64)
+    total = n * (n - 1) / 2
+    # row i holds n-1-i pairs; invert the cumulative count
+    i = n - 2 - torch.floor(torch.sqrt(-8 * lin + 4 * n * (n - 1) - 7) / 2 - 0.5)
+    j = lin + i + 1 - total + (n - i) * ((n - i) - 1) / 2
+    return i.to(torch.int64), j.to(torch.int64)
+
+
+def bernoulli_pairs(n: int, p: float, gen: torch.Generator) -> torch.Tensor:
+    """Each pair independently with probability p; returns edges (E, 2), i < j, sorted."""
+    N = n_pairs(n)
+    if N == 0 or p <= 0:
+        return torch.empty(0, 2, dtype=torch.int64)
+    if p >= 1:
+        lin = torch.arange(N, dtype=torch.int64)
+    elif N <= 1 << 20 or p > 0.05:
+        lin = torch.nonzero(torch.rand(N, generator=gen, dtype=torch.float64) < p).flatten()
+    else:
+        # geometric gaps between successes: O(pN) work
+        mean, sd = N * p, math.sqrt(N * p * (1 - p))
+        k = int(mean + 8 * sd + 16)
+        u = torch.rand(k, generator=gen, dtype=torch.float64).clamp_min(1e-300)
+        gaps = torch.floor(torch.log(u) / math.log1p(-p)).to(torch.int64) + 1
+        lin = torch.cumsum(gaps, 0) - 1
+        while int(lin[-1]) < N - 1:  # extremely unlikely: extend
+            u = torch.rand(k, generator=gen, dtype=torch.float64).clamp_min(1e-300)
+            more = torch.floor(torch.log(u) / math.log1p(-p)).to(torch.int64) + 1
+            lin = torch.cat([lin, lin[-1] + torch.cumsum(more, 0)])
+        lin = lin[lin < N]
+    i, j = unrank_pairs(lin, n)
+    return torch.stack([i, j], dim=1)
+
+
+@dataclass(frozen=True)
+class EdgeSampler:
+    kind: str  # constant | time | mixed | full
+    n: int
+    rounds: int
+    seed: int
+    sampling_c: float = 1.0
+    time_c: float = 1.0
+    mixed_switch: float = 0.002
+
+    def switch_round(self) -> int:
+        return int(math.ceil(self.mixed_switch * self.rounds))
+
+    def probability(self, t: int) -> float:
+        const = min(1.0, self.sampling_c / max(self.n, 1))
+        timed = min(1.0, self.time_c / (t + 1))
+        if self.kind == "full":
+            return 1.0
+        if self.kind == "constant":
+            return const
+        if self.kind == "time":
+            return timed
+        if self.kind == "mixed":
+            return const if t < self.switch_round() else timed
+        raise ValueError(f"unknown sampling '{self.kind}'")
+
+    def sample(self, t: int) -> torch.Tensor:
+        """Edges (E, 2) with i < j for round t."""
+        gen = rng.generator(self.seed, rng.SAMPLER, t)
+        return bernoulli_pairs(self.n, self.probability(t), gen)

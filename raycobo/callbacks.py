@@ -1,0 +1,43 @@
+"""Run callbacks: how tracking, progress and sweeps observe a run without the training
+loop knowing about them (the pfl-research pattern)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from raycobo.config import Config
+
+
+@dataclass
+class RunContext:
+    cfg: Config
+    run_dir: Path
+    n_clients: int = 0
+    clusters: list[int | None] = field(default_factory=list)
+    mlflow_run_id: str | None = None
+    parent_run_id: str | None = None
+
+
+class Callback(Protocol):
+    def on_run_start(self, ctx: RunContext) -> None: ...
+    def on_round_end(self, ctx: RunContext, round: int, stats: dict[str, float]) -> None: ...
+    def on_eval(self, ctx: RunContext, round: int, metrics: dict[str, Any]) -> None: ...
+    def on_run_end(self, ctx: RunContext, summary: dict[str, Any]) -> None: ...
+
+
+class BaseCallback:
+    """No-op callback; subclass and override what you need."""
+
+    def on_run_start(self, ctx: RunContext) -> None:
+        pass
+
+    def on_round_end(self, ctx: RunContext, round: int, stats: dict[str, float]) -> None:
+        pass
+
+    def on_eval(self, ctx: RunContext, round: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def on_run_end(self, ctx: RunContext, summary: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,235 @@
+"""Command line: ``raycobo run | compare | demo | bench``.
+
+Bad input ends with a non-zero exit and one line naming the key or file; ``--debug``
+shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from raycobo.config import ConfigError, load_config, with_overrides
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="raycobo: collaborative-learning experiments (CoBo and baselines) with Ray and MLflow.",
+)
+
+Overrides = Annotated[
+    list[str] | None, typer.Argument(help="dotted overrides, e.g. algorithm.rho=0.1 rounds=500")
+]
+Out = Annotated[
+    Path | None, typer.Option("--out", help="run directory (default runs/<time>-<name>)")
+]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+Debug = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
+NoTrack = Annotated[bool, typer.Option("--no-tracking", help="do not log to MLflow")]
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def _guarded(debug: bool, fn, *args, **kwargs):
+    from raycobo.experiment import RunFailed
+
+    try:
+        return fn(*args, **kwargs)
+    except typer.Exit:
+        raise
+    except ConfigError as err:
+        if debug:
+            raise
+        _fail(str(err).splitlines()[0] if str(err) else "invalid configuration")
+    except RunFailed as err:
+        if debug:
+            raise
+        _fail(str(err).splitlines()[0], code=1)
+    except KeyboardInterrupt:
+        _fail("interrupted; partial results were kept in the run directory", code=130)
+    except (OSError, ValueError) as err:
+        if debug:
+            raise
+        _fail(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", code=1)
+
+
+def _callbacks(cfg, quiet: bool, no_tracking: bool, run_name: str | None = None):
+    if no_tracking or not cfg.tracking.enabled:
+        return []
+    from raycobo.tracking import MLflowTracker
+
+    return [MLflowTracker(cfg.tracking, run_name=run_name, quiet=False)]
+
+
+def _progress(label: str, quiet: bool):
+    from raycobo.progress import RoundProgress
+
+    return RoundProgress(label, enabled=False if quiet else None)
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="experiment YAML")],
+    overrides: Overrides = None,
+    out: Out = None,
+    quiet: Quiet = False,
+    debug: Debug = False,
+    no_tracking: NoTrack = False,
+) -> None:
+    """Run one experiment and write its run directory."""
+
+    def go():
+        from raycobo.experiment import run_experiment
+
+        cfg = load_config(config, overrides or [])
+        res = run_experiment(
+            cfg,
+            out,
+            _callbacks(cfg, quiet, no_tracking),
+            _progress(f"{cfg.algorithm.name}", quiet),
+        )
+        s = res.summary
+        acc = s["mean_accuracy"]
+        acc_s = f"mean accuracy {100 * acc:.2f}%  " if acc is not None else ""
+        typer.echo(
+            f"{s['algorithm']}: {acc_s}mean loss {s['mean_loss']:.4g}  ({s['wall_seconds']:.1f} s)"
+        )
+        typer.echo(f"run directory: {res.run_dir}")
+
+    _guarded(debug, go)
+
+
+def _print_table(rows) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="results (final round, mean over clients)")
+    for col in ("algorithm", "accuracy (%)", "loss", "Imp. vs local (%)", "wall (s)"):
+        t.add_column(col, justify="right" if col != "algorithm" else "left")
+    for r in rows:
+        acc = "-" if r["mean_accuracy"] is None else f"{100 * r['mean_accuracy']:.2f}"
+        imp = "-" if r["improved_vs_local"] is None else f"{r['improved_vs_local']:.0f}"
+        t.add_row(r["algorithm"], acc, f"{r['mean_loss']:.4f}", imp, f"{r['wall_seconds']:.1f}")
+    Console().print(t)
+
+
+def _compare(cfg, algorithms, out, quiet, no_tracking):
+    from raycobo.compare import run_compare
+
+    parent = None
+    cbs = lambda a: []  # noqa: E731
+    if not no_tracking and cfg.tracking.enabled:
+        from raycobo.tracking import MLflowTracker
+
+        parent = MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-compare")
+
+        def cbs(a):
+            return [_Nested(MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-{a}"), parent)]
+
+    return run_compare(cfg, algorithms, out, cbs, lambda a: _progress(a, quiet), parent)
+
+
+class _Nested:
+    """Runs a tracker as a child of the compare's parent MLflow run."""
+
+    def __init__(self, tracker, parent):
+        self.t, self.parent = tracker, parent
+
+    def on_run_start(self, ctx):
+        ctx.parent_run_id = self.parent.run_id
+        self.t.on_run_start(ctx)
+
+    def on_round_end(self, ctx, r, stats):
+        self.t.on_round_end(ctx, r, stats)
+
+    def on_eval(self, ctx, r, m):
+        self.t.on_eval(ctx, r, m)
+
+    def on_run_end(self, ctx, s):
+        self.t.on_run_end(ctx, s)
+
+
+@app.command()
+def compare(
+    config: Annotated[Path, typer.Argument(help="experiment YAML")],
+    overrides: Overrides = None,
+    algorithms: Annotated[
+        str | None,
+        typer.Option("--algorithms", "-a", help="comma-separated, e.g. local,fedavg,cobo"),
+    ] = None,
+    out: Out = None,
+    quiet: Quiet = False,
+    debug: Debug = False,
+    no_tracking: NoTrack = False,
+) -> None:
+    """Run several algorithms on the same data and seed; print and write a table."""
+
+    def go():
+        cfg = load_config(config, overrides or [])
+        algos = (
+            [a.strip() for a in algorithms.split(",") if a.strip()]
+            if algorithms
+            else list(cfg.compare.algorithms)
+        )
+        root, rows, _ = _compare(cfg, algos, out, quiet, no_tracking)
+        _print_table(rows)
+        typer.echo(f"comparison: {root}/comparison.md  plots: {root}/plots/")
+
+    _guarded(debug, go)
+
+
+@app.command()
+def demo(
+    config: Annotated[Path, typer.Argument(help="experiment YAML")] = Path(
+        "examples/quickstart.yaml"
+    ),
+    overrides: Overrides = None,
+    out: Out = None,
+    quiet: Quiet = False,
+    debug: Debug = False,
+) -> None:
+    """The quickstart: compare the config's algorithms, then say where everything is."""
+
+    def go():
+        from raycobo.data import fashion_mnist_available
+        from raycobo.tracking.mlflow_tracker import resolve_uri, ui_command
+
+        cfg = load_config(config, overrides or [])
+        if cfg.data.name == "fashion_mnist" and not fashion_mnist_available(cfg.data.root):
+            typer.echo(
+                "notice: Fashion-MNIST not found (Debian package dataset-fashion-mnist); "
+                "using sklearn's digits instead",
+                err=True,
+            )
+            cfg = with_overrides(
+                cfg, {"data.name": "digits", "data.fraction": 0.5, "model.hidden": [32]}
+            )
+        root, rows, results = _compare(cfg, list(cfg.compare.algorithms), out, quiet, False)
+        _print_table(rows)
+        typer.echo(f"run directories: {root}/<algorithm>/   (summary.json, metrics.csv, plots/)")
+        typer.echo(f"comparison:      {root}/comparison.md")
+        typer.echo(f"plots:           {root}/plots/curves.png, {root}/plots/collaboration.png")
+        typer.echo(
+            f"MLflow store:    {resolve_uri(cfg.tracking.uri)}  (experiment '{cfg.tracking.experiment}')"
+        )
+        typer.echo(f"open it with:    {ui_command(cfg.tracking)}")
+
+    _guarded(debug, go)
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:  # e.g. `raycobo ... | head`
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""Typed, validated experiment configuration.
+
+One pydantic section per concern. Configs come from YAML files and are overridden by
+dotted ``key.path=value`` arguments; unknown keys, wrong types and out-of-range values
+raise :class:`ConfigError` with a one-line message naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration problem; the message is one line naming the key/file."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PartitionConfig(_Section):
+    kind: str = "label_permutation"
+    # int: every cluster has this many clients; list: uneven cluster sizes.
+    clients_per_cluster: int | list[int] = Field(default=2)
+    num_clusters: int = Field(default=4, ge=1)
+    alpha: float = Field(default=0.5, gt=0, description="Dirichlet concentration")
+    classes_per_group: int | None = Field(default=None, ge=1)
+    shards_per_class: int = Field(default=2, ge=1)
+    classes_per_client: int = Field(default=2, ge=1)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> PartitionConfig:
+        sizes = self.clients_per_cluster
+        if isinstance(sizes, int):
+            if sizes < 1:
+                raise ValueError("clients_per_cluster: must be >= 1")
+        else:
+            if not sizes or any(s < 1 for s in sizes):
+                raise ValueError("clients_per_cluster: every cluster needs >= 1 client")
+        return self
+
+    def cluster_sizes(self) -> list[int]:
+        if isinstance(self.clients_per_cluster, list):
+            return list(self.clients_per_cluster)
+        return [self.clients_per_cluster] * self.num_clusters
+
+
+class DataConfig(_Section):
+    name: str = "quadratic"
+    root: str | None = None
+    download: bool = False
+    # fraction of the training set each cluster shares (label_permutation)
+    fraction: float = Field(default=0.5, gt=0, le=1)
+    # fraction of the test split used for evaluation (per cluster)
+    test_fraction: float = Field(default=1.0, gt=0, le=1)
+    augment: bool = False
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    # quadratic task (CoBo Example 2)
+    dim: int = Field(default=10, ge=1)
+    noise: float = Field(default=0.1, ge=0)
+    curvature: tuple[float, float] = (0.5, 2.0)
+    center_scale: float = Field(default=1.0, ge=0)
+    init_scale: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _curv(self) -> DataConfig:
+        lo, hi = self.curvature
+        if not (0 < lo <= hi):
+            raise ValueError("curvature: need 0 < low <= high")
+        return self
+
+
+class ModelConfig(_Section):
+    name: str = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [64])
+
+
+Sampling = Literal["constant", "time", "mixed", "full"]
+Domain = Literal["box", "simplex"]
+
+
+class AlgorithmConfig(_Section):
+    name: str = "cobo"
+    lr: float = Field(default=0.1, gt=0, description="eta: model step size")
+    local_steps: int = Field(default=1, ge=1)
+    # CoBo (paper Eq. 1-3)
+    rho: float = Field(default=0.1, ge=0, description="penalty strength")
+    gamma: float = Field(default=0.1, gt=0, description="W step size")
+    sampling: Sampling = "constant"
+    domain: Domain = "box"
+    sampling_c: float = Field(default=1.0, gt=0, description="constant: p = c/n")
+    time_c: float = Field(default=1.0, gt=0, description="time: p_t = min(1, c/t)")
+    mixed_switch: float = Field(default=0.002, ge=0, le=1, description="share of rounds")
+    # Ditto
+    lam: float = Field(default=1.0, ge=0, description="Ditto's lambda")
+    # FedAvg + fine-tuning: the last ft_steps rounds are local fine-tuning
+    ft_steps: int = Field(default=50, ge=0)
+    # IFCA / FC / oracle
+    num_clusters: int | None = Field(default=None, ge=1, description="null: ground truth")
+    client_rate: float = Field(default=1.0, gt=0, le=1)
+    fc_threshold: float | None = Field(default=None, gt=0)
+    fc_iters: int = Field(default=3, ge=1)
+
+
+class EngineConfig(_Section):
+    kind: Literal["local", "loop", "ray"] = "local"
+    device: str = "cpu"
+    chunk_size: int = Field(default=4096, ge=1, description="max clients per batched call")
+    gpus_per_client: float = Field(default=0.0, ge=0)
+    clients_per_actor: int = Field(default=1, ge=1)
+    cpus_per_actor: float = Field(default=1.0, ge=0)
+    address: str | None = None
+    threads: int | None = Field(default=None, ge=1)
+
+
+class TrackingConfig(_Section):
+    enabled: bool = True
+    uri: str = "sqlite:///mlruns.db"
+    experiment: str = "raycobo"
+    artifact_root: str = "mlartifacts"
+    heatmap_rounds: list[int] | None = None
+
+
+class CompareConfig(_Section):
+    algorithms: list[str] = Field(default_factory=list)
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class Config(_Section):
+    name: str = "experiment"
+    seed: int = 0
+    rounds: int = Field(default=100, ge=1)
+    batch_size: int = Field(default=32, ge=1)
+    eval_every: int = Field(default=10, ge=1)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    compare: CompareConfig = Field(default_factory=CompareConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------
+# loading and overrides
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key '{loc}'"
+    if msg.startswith("Value error, "):
+        # section validators start their message with the field they reject
+        field, _, rest = msg[len("Value error, ") :].partition(":")
+        if rest and " " not in field:
+            return f"invalid config key '{loc + '.' if loc else ''}{field}':{rest}"
+        msg = msg[len("Value error, ") :]
+    got = first.get("input")
+    got_s = "" if isinstance(got, dict | list) else f" (got {got!r})"
+    return f"invalid config key '{loc}': {msg}{got_s}"
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override's value with YAML rules (``0.1`` -> float, ``[1,2]`` -> list)."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    if not all(parts):
+        raise ConfigError(f"bad override key '{dotted}'")
+    node = tree
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        elif not isinstance(nxt, dict):
+            raise ConfigError(f"cannot override '{dotted}': '{p}' is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override '{item}' is not of the form key.path=value")
+        set_dotted(tree, key.strip(), parse_value(raw.strip()))
+    return tree
+
+
+def validate(tree: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        tree = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"cannot parse YAML in {p}{where}") from None
+    if tree is None:
+        tree = {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of config keys")
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load YAML (or defaults when ``path`` is None), apply dotted overrides, validate."""
+    tree = read_yaml(path) if path is not None else {}
+    apply_overrides(tree, list(overrides or []))
+    return validate(tree)
+
+
+def with_overrides(cfg: Config, overrides: dict[str, Any] | list[str]) -> Config:
+    """A copy of ``cfg`` with dotted overrides applied (dict of key->value or key=value list)."""
+    tree = cfg.to_dict()
+    if isinstance(overrides, dict):
+        for k, v in overrides.items():
+            set_dotted(tree, k, v)
+    else:
+        apply_overrides(tree, overrides)
+    return validate(tree)

@@ -1,0 +1,48 @@
+"""Datasets and partitions, chosen by ``data.name`` and ``data.partition.kind``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from raycobo.config import Config, ConfigError, DataConfig
+from raycobo.data.base import FederatedData, RawDataset
+from raycobo.data.partition import PARTITIONS, partition
+from raycobo.data.quadratic import QuadraticProblem, make_quadratic
+from raycobo.data.vision import fashion_mnist_available, load_digits, load_fashion_mnist
+
+# supervised datasets: (data config, seed) -> centralized dataset
+DATASETS: dict[str, Callable[[DataConfig, int], RawDataset]] = {
+    "digits": load_digits,
+    "fashion_mnist": lambda cfg, seed: load_fashion_mnist(cfg),
+}
+SYNTHETIC = {"quadratic"}
+
+
+def dataset_names() -> list[str]:
+    return sorted([*DATASETS, *SYNTHETIC])
+
+
+def load_data(cfg: Config) -> FederatedData | QuadraticProblem:
+    name = cfg.data.name
+    if name == "quadratic":
+        return make_quadratic(cfg.data, cfg.seed)
+    try:
+        loader = DATASETS[name]
+    except KeyError:
+        raise ConfigError(
+            f"invalid config key 'data.name': unknown dataset '{name}' "
+            f"(choose from {', '.join(dataset_names())})"
+        ) from None
+    return partition(loader(cfg.data, cfg.seed), cfg.data, cfg.seed)
+
+
+__all__ = [
+    "DATASETS",
+    "PARTITIONS",
+    "FederatedData",
+    "QuadraticProblem",
+    "RawDataset",
+    "dataset_names",
+    "fashion_mnist_available",
+    "load_data",
+]

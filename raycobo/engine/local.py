@@ -1,0 +1,217 @@
+"""The in-process engine: all clients in one process, batched across clients.
+
+``VectorizedOps`` answers "gradients of clients I at points Z" with one batched forward
+and backward over all requested (client, point) pairs: the parameters are a stacked
+(m, d) tensor, the minibatches an (m, B, ...) gather from one shared feature pool, and
+autograd of the summed per-client losses yields every client's gradient at once (the
+clients' losses are independent, so d(sum)/dZ_k = grad f_k(Z_k)).
+
+``LoopOps`` is the same interface as a plain per-client PyTorch loop (an nn.Module per
+call, one client at a time). It draws the same minibatches and serves as the reference
+in engine-equivalence tests and as the baseline of ``raycobo bench``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from raycobo import rng
+from raycobo.algorithms.base import Evaluation
+from raycobo.data.base import FederatedData
+from raycobo.models import FunctionalModel
+
+
+class ClientBatches:
+    """Minibatch sampling for many clients from a shared feature pool (hash-seeded)."""
+
+    def __init__(self, data: FederatedData, batch_size: int, seed: int, device: torch.device):
+        self.seed = seed
+        self.batch_size = batch_size
+        self.device = device
+        self.sizes = torch.tensor(data.train_sizes(), dtype=torch.int64)  # (n,)
+        if int(self.sizes.min()) == 0:
+            empty = int(torch.nonzero(self.sizes == 0)[0])
+            raise ValueError(f"client {empty} has no training data")
+        self.offsets = torch.cumsum(self.sizes, 0) - self.sizes  # (n,)
+        self.rows = torch.cat(data.train_idx).to(device)  # (sum n_c,) feature rows
+        self.labels = torch.cat(data.train_y).to(device)  # (sum n_c,)
+        self.x = data.train_x.to(device)
+
+    def positions(
+        self, clients: torch.Tensor, round: int, stream: int, salt: torch.Tensor | int
+    ) -> torch.Tensor:
+        """Positions into the concatenated client arrays, (m, B)."""
+        c = clients.cpu().reshape(-1, 1)
+        s = torch.as_tensor(salt, dtype=torch.int64).cpu().reshape(-1, 1)
+        k = torch.arange(self.batch_size).reshape(1, -1)
+        draw = rng.randint(self.sizes[c], self.seed, round, c, stream, s, k)  # (m, B)
+        return (self.offsets[c] + draw).to(self.device)
+
+    def batch(
+        self, clients: torch.Tensor, round: int, stream: int, salt: torch.Tensor | int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = self.positions(clients, round, stream, salt)
+        return self.x[self.rows[pos]], self.labels[pos]  # (m, B, ...), (m, B)
+
+
+def _salts(salt: torch.Tensor | int, m: int) -> torch.Tensor:
+    s = torch.as_tensor(salt, dtype=torch.int64).reshape(-1)
+    return s.expand(m) if s.numel() == 1 else s
+
+
+class _SupervisedBase:
+    def __init__(
+        self,
+        data: FederatedData,
+        model: FunctionalModel,
+        batch_size: int,
+        seed: int,
+        device: str | torch.device = "cpu",
+    ):
+        self.data = data
+        self.model = model
+        self.seed = seed
+        self.device = torch.device(device)
+        self.n_clients = data.n_clients
+        self.dim = model.dim
+        self.clusters = list(data.clusters)
+        self.batches = ClientBatches(data, batch_size, seed, self.device)
+        self._x0 = model.init_flat(seed).to(self.device)
+        self._sizes = self.batches.sizes.to(torch.float32).to(self.device)
+        self.test_x = data.test_x.to(self.device)
+        self.test_idx = [t.to(self.device) for t in data.test_idx]
+        self.test_y = [t.to(self.device) for t in data.test_y]
+
+    def initial_params(self) -> torch.Tensor:
+        return self._x0.clone()
+
+    def random_params(self, salt: int) -> torch.Tensor:
+        return self.model.init_flat(int(rng.hash_ints(self.seed, rng.INIT, salt))).to(self.device)
+
+    def data_sizes(self) -> torch.Tensor:
+        return self._sizes
+
+
+class VectorizedOps(_SupervisedBase):
+    """Batched ClientOps for supervised tasks. ``chunk_size`` bounds clients per call."""
+
+    def __init__(self, *args, chunk_size: int = 4096, eval_block: int = 2048, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chunk_size = chunk_size
+        self.eval_block = eval_block
+
+    def _chunks(self, m: int):
+        for a in range(0, m, self.chunk_size):
+            yield slice(a, min(m, a + self.chunk_size))
+
+    def _loss(self, P: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        logits = self.model.forward(P, xb)  # (m, B, C)
+        m, B, C = logits.shape
+        per = F.cross_entropy(logits.reshape(m * B, C), yb.reshape(m * B), reduction="none")
+        return per.view(m, B).mean(dim=1)  # (m,)
+
+    def grads(self, clients, Z, round, stream, salt=0):
+        m = clients.numel()
+        salts = _salts(salt, m)
+        G = torch.empty(m, self.dim, device=self.device, dtype=Z.dtype)
+        L = torch.empty(m, device=self.device, dtype=Z.dtype)
+        for sl in self._chunks(m):
+            xb, yb = self.batches.batch(clients[sl], round, stream, salts[sl])
+            with torch.enable_grad():
+                P = Z[sl].detach().requires_grad_(True)
+                loss = self._loss(P, xb, yb)
+                (G[sl],) = torch.autograd.grad(loss.sum(), P)
+            L[sl] = loss.detach()
+        return G, L
+
+    @torch.no_grad()
+    def losses(self, clients, Z, round, stream, salt=0):
+        m = clients.numel()
+        salts = _salts(salt, m)
+        out = torch.empty(m, device=self.device, dtype=Z.dtype)
+        for sl in self._chunks(m):
+            xb, yb = self.batches.batch(clients[sl], round, stream, salts[sl])
+            out[sl] = self._loss(Z[sl], xb, yb)
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, clients: torch.Tensor, Z: torch.Tensor) -> Evaluation:
+        """Test loss/accuracy of Z[k] on client k's test set, batched over clients with
+        padded test blocks."""
+        m = clients.numel()
+        loss_sum = torch.zeros(m, device=self.device, dtype=torch.float64)
+        correct = torch.zeros(m, device=self.device, dtype=torch.float64)
+        count = torch.zeros(m, device=self.device, dtype=torch.float64)
+        cl = clients.tolist()
+        lengths = torch.tensor([self.test_idx[c].numel() for c in cl])
+        T = int(lengths.max()) if m else 0
+        per_chunk = max(1, self.chunk_size)
+        for a in range(0, m, per_chunk):
+            ids = list(range(a, min(m, a + per_chunk)))
+            idx = torch.zeros(len(ids), T, dtype=torch.int64, device=self.device)
+            lab = torch.zeros(len(ids), T, dtype=torch.int64, device=self.device)
+            mask = torch.zeros(len(ids), T, dtype=torch.bool, device=self.device)
+            for r, k in enumerate(ids):
+                n_k = int(lengths[k])
+                idx[r, :n_k] = self.test_idx[cl[k]]
+                lab[r, :n_k] = self.test_y[cl[k]]
+                mask[r, :n_k] = True
+            P = Z[a : a + len(ids)]
+            for b in range(0, T, self.eval_block):
+                sl = slice(b, min(T, b + self.eval_block))
+                logits = self.model.forward(P, self.test_x[idx[:, sl]])  # (r, blk, C)
+                r, blk, C = logits.shape
+                per = F.cross_entropy(
+                    logits.reshape(r * blk, C), lab[:, sl].reshape(-1), reduction="none"
+                ).view(r, blk)
+                mk = mask[:, sl]
+                loss_sum[a : a + r] += (per * mk).sum(1).double()
+                correct[a : a + r] += ((logits.argmax(-1) == lab[:, sl]) & mk).sum(1).double()
+                count[a : a + r] += mk.sum(1).double()
+        return Evaluation(loss=(loss_sum / count).float(), accuracy=(correct / count).float())
+
+
+class LoopOps(_SupervisedBase):
+    """Reference ClientOps: a plain per-client PyTorch loop over nn.Module copies."""
+
+    def _module_loss(self, flat: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
+        module = self.model.module
+        self.model.load_into(module, flat)
+        return F.cross_entropy(module(xb), yb)
+
+    def grads(self, clients, Z, round, stream, salt=0):
+        salts = _salts(salt, clients.numel())
+        G = torch.empty_like(Z)
+        L = torch.empty(clients.numel(), device=self.device, dtype=Z.dtype)
+        module = self.model.module
+        for k in range(clients.numel()):
+            xb, yb = self.batches.batch(clients[k : k + 1], round, stream, salts[k : k + 1])
+            module.zero_grad(set_to_none=True)
+            with torch.enable_grad():
+                loss = self._module_loss(Z[k], xb[0], yb[0])
+                loss.backward()
+            G[k] = torch.cat([p.grad.flatten() for p in module.parameters()])
+            L[k] = loss.detach()
+        return G, L
+
+    @torch.no_grad()
+    def losses(self, clients, Z, round, stream, salt=0):
+        salts = _salts(salt, clients.numel())
+        out = torch.empty(clients.numel(), device=self.device, dtype=Z.dtype)
+        for k in range(clients.numel()):
+            xb, yb = self.batches.batch(clients[k : k + 1], round, stream, salts[k : k + 1])
+            out[k] = self._module_loss(Z[k], xb[0], yb[0])
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, clients: torch.Tensor, Z: torch.Tensor) -> Evaluation:
+        losses, accs = [], []
+        module = self.model.module
+        for k, c in enumerate(clients.tolist()):
+            self.model.load_into(module, Z[k])
+            logits = module(self.test_x[self.test_idx[c]])
+            y = self.test_y[c]
+            losses.append(F.cross_entropy(logits, y))
+            accs.append((logits.argmax(-1) == y).float().mean())
+        return Evaluation(loss=torch.stack(losses), accuracy=torch.stack(accs))

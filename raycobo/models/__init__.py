@@ -1,0 +1,142 @@
+"""Models as functions of a flat parameter vector, batched over clients.
+
+Every model is an ``nn.Module`` (for the per-client reference loop and for users) plus a
+*batched functional* form: ``forward(P, x)`` with ``P`` of shape (m, d) -- one flat
+parameter vector per client -- and ``x`` of shape (m, B, *input_shape), returning logits
+(m, B, C). The flat layout is ``torch.cat([p.flatten() for p in module.parameters()])``.
+
+The MLP has a hand-batched path (``baddbmm`` per layer: one kernel for all clients);
+other models use ``torch.func.vmap`` over ``functional_call``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from raycobo.config import ConfigError, ModelConfig
+
+
+class MLP(nn.Module):
+    """Fully connected ReLU network: in -> hidden... -> classes."""
+
+    def __init__(self, in_features: int, hidden: list[int], num_classes: int):
+        super().__init__()
+        sizes = [in_features, *hidden, num_classes]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:], strict=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.flatten(1)
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if i < len(self.layers) - 1:
+                h = torch.relu(h)
+        return h
+
+
+@dataclass
+class FunctionalModel:
+    """A module template plus its flat-parameter batched forward."""
+
+    name: str
+    module: nn.Module
+    input_shape: tuple[int, ...]
+    num_classes: int
+    names: list[str] = field(init=False)
+    shapes: list[torch.Size] = field(init=False)
+    dim: int = field(init=False)
+    _batched: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        named = list(self.module.named_parameters())
+        self.names = [n for n, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.dim = sum(p.numel() for _, p in named)
+        self._buffers = dict(self.module.named_buffers())
+
+    def init_flat(self, seed: int) -> torch.Tensor:
+        """The shared initial point x^0 (d,), deterministic in ``seed``."""
+        g = torch.random.fork_rng(devices=[])
+        with g:
+            torch.manual_seed(seed)
+            for m in self.module.modules():
+                if hasattr(m, "reset_parameters") and m is not self.module:
+                    m.reset_parameters()
+            return torch.cat([p.detach().flatten() for p in self.module.parameters()]).clone()
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views of a flat vector (d,) as the module's named parameters."""
+        out, off = {}, 0
+        for name, shape in zip(self.names, self.shapes, strict=True):
+            n = math.prod(shape)
+            out[name] = flat[off : off + n].view(shape)
+            off += n
+        return out
+
+    def load_into(self, module: nn.Module, flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(flat, module.parameters())
+
+    def forward(self, P: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Logits (m, B, C) for parameters P (m, d) and inputs x (m, B, *input_shape)."""
+        if self._batched is not None:
+            return self._batched(P, x)
+
+        def one(p: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+            params = self.unflatten(p)
+            return functional_call(self.module, (params, self._buffers), (xb,))
+
+        return vmap(one)(P, x)
+
+
+def _mlp_batched(sizes: list[int]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    offsets = []
+    off = 0
+    for a, b in zip(sizes, sizes[1:], strict=False):
+        offsets.append((off, off + a * b, off + a * b + b, a, b))
+        off += a * b + b
+
+    def forward(P: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        m, B = x.shape[0], x.shape[1]
+        h = x.reshape(m, B, -1)  # (m, B, in)
+        last = len(offsets) - 1
+        for i, (w0, b0, end, a, b) in enumerate(offsets):
+            W = P[:, w0:b0].view(m, b, a)  # (m, out, in)
+            bias = P[:, b0:end].view(m, 1, b)  # (m, 1, out)
+            h = torch.baddbmm(bias, h, W.transpose(1, 2))  # (m, B, out)
+            if i < last:
+                h = torch.relu(h)
+        return h
+
+    return forward
+
+
+def build_mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> FunctionalModel:
+    in_features = math.prod(input_shape)
+    module = MLP(in_features, list(cfg.hidden), num_classes)
+    fm = FunctionalModel("mlp", module, tuple(input_shape), num_classes)
+    fm._batched = _mlp_batched([in_features, *cfg.hidden, num_classes])
+    return fm
+
+
+MODELS: dict[str, Callable[[ModelConfig, tuple[int, ...], int], FunctionalModel]] = {
+    "mlp": build_mlp,
+}
+
+
+def build_model(
+    cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
+) -> FunctionalModel:
+    try:
+        factory = MODELS[cfg.name]
+    except KeyError:
+        raise ConfigError(
+            f"invalid config key 'model.name': unknown model '{cfg.name}' "
+            f"(choose from {', '.join(sorted(MODELS))})"
+        ) from None
+    return factory(cfg, input_shape, num_classes)

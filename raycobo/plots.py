@@ -1,0 +1,116 @@
+"""PNG plots of a run: accuracy/loss curves and collaboration-matrix heatmaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def cluster_order(clusters: list[int | None]) -> np.ndarray:
+    """Client order that groups ground-truth clusters (stable; unknown clusters last)."""
+    keys = [(c is None, c if c is not None else 0, i) for i, c in enumerate(clusters)]
+    return np.array([k[2] for k in sorted(keys)], dtype=int)
+
+
+def _boundaries(clusters: list[int | None], order: np.ndarray) -> list[float]:
+    lab = [clusters[i] for i in order]
+    return [i - 0.5 for i in range(1, len(lab)) if lab[i] != lab[i - 1]]
+
+
+def heatmap(ax, W: np.ndarray, clusters: list[int | None], title: str) -> Any:
+    order = cluster_order(clusters) if clusters else np.arange(W.shape[0])
+    M = W[np.ix_(order, order)].astype(float).copy()
+    np.fill_diagonal(M, np.nan)  # the diagonal carries no information
+    vmax = 1.0 if np.nanmax(M, initial=0) <= 1.0 else np.nanmax(M)
+    im = ax.imshow(M, cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
+    for b in _boundaries(clusters, order) if clusters else []:
+        ax.axhline(b, color="white", lw=0.6)
+        ax.axvline(b, color="white", lw=0.6)
+    ax.set_title(title, fontsize=9)
+    n = W.shape[0]
+    if n <= 24:
+        ax.set_xticks(range(n), [str(i) for i in order], fontsize=6)
+        ax.set_yticks(range(n), [str(i) for i in order], fontsize=6)
+    else:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return im
+
+
+def plot_collaboration(
+    path: Path, snapshots: dict[int, np.ndarray], clusters: list[int | None], label: str = ""
+) -> None:
+    rounds = sorted(snapshots)
+    fig, axes = plt.subplots(1, len(rounds), figsize=(3.2 * len(rounds), 3.2), squeeze=False)
+    im = None
+    for ax, r in zip(axes[0], rounds, strict=True):
+        im = heatmap(ax, snapshots[r], clusters, f"{label} round {r}".strip())
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="w_ij")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_curves(path: Path, histories: dict[str, list[dict[str, Any]]]) -> None:
+    """Mean accuracy (when defined) and mean loss against rounds, one line per run."""
+    has_acc = any(h.get("mean_accuracy") is not None for hs in histories.values() for h in hs)
+    ncols = 2 if has_acc else 1
+    fig, axes = plt.subplots(1, ncols, figsize=(5 * ncols, 3.6), squeeze=False)
+    for name, hs in histories.items():
+        rounds = [h["round"] for h in hs]
+        if has_acc:
+            axes[0][0].plot(rounds, [h.get("mean_accuracy") for h in hs], label=name)
+        losses = [h.get("mean_loss") for h in hs]
+        axes[0][ncols - 1].plot(rounds, losses, label=name)
+    if has_acc:
+        axes[0][0].set_ylabel("mean test accuracy")
+    axes[0][ncols - 1].set_ylabel("mean test loss")
+    if not has_acc:
+        axes[0][0].set_yscale("log")
+    for ax in axes[0]:
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_run_plots(
+    run_dir: Path,
+    summary: dict[str, Any],
+    snapshots: dict[int, np.ndarray],
+    clusters: list[int | None],
+) -> list[Path]:
+    plots = run_dir / "plots"
+    plots.mkdir(exist_ok=True)
+    written = []
+    curves = plots / "curves.png"
+    plot_curves(curves, {summary["algorithm"]: summary["history"]})
+    written.append(curves)
+    if snapshots:
+        final = max(snapshots)
+        p = plots / "collaboration.png"
+        plot_collaboration(p, {final: snapshots[final]}, clusters, summary["algorithm"])
+        written.append(p)
+        p = plots / "collaboration_rounds.png"
+        plot_collaboration(p, snapshots, clusters, summary["algorithm"])
+        written.append(p)
+    return written
+
+
+def plot_matrices(path: Path, mats: dict[str, np.ndarray], clusters: list[int | None]) -> None:
+    """Final collaboration matrices of several algorithms side by side."""
+    names = list(mats)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), squeeze=False)
+    im = None
+    for ax, name in zip(axes[0], names, strict=True):
+        im = heatmap(ax, mats[name], clusters, name)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="w_ij")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,162 @@
+"""MLflow tracking as a run callback.
+
+Logs the resolved config as params, every evaluation's metrics with step = round (mean
+and per client), round statistics, and at the end the plots, summary.json, config.yaml,
+metrics.csv and W as artifacts. The default store is a sqlite file (MLflow 3 refuses the
+plain file store by default); ``tracking.uri`` selects any other, e.g. an http tracking
+server. If the store cannot be reached the run warns once, goes on, and still writes its
+run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from raycobo.callbacks import BaseCallback, RunContext
+from raycobo.config import TrackingConfig
+
+_MAX_BATCH = 100
+
+
+def flatten_params(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten_params(v, key + "."))
+        else:
+            out[key] = str(v)[:6000]
+    return out
+
+
+def resolve_uri(uri: str) -> str:
+    """Make a relative sqlite path absolute so workers and `mlflow ui` agree on it."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix) :]).resolve())
+    return uri
+
+
+class MLflowTracker(BaseCallback):
+    def __init__(self, cfg: TrackingConfig, run_name: str | None = None, quiet: bool = False):
+        self.cfg = cfg
+        self.uri = resolve_uri(cfg.uri)
+        self.run_name = run_name
+        self.quiet = quiet
+        self.enabled = cfg.enabled
+        self.client = None
+        self.run_id: str | None = None
+        self._pending: list[Any] = []
+
+    # -- helpers -----------------------------------------------------------------------
+    def _disable(self, err: BaseException) -> None:
+        if self.enabled and not self.quiet:
+            msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            print(
+                f"warning: MLflow tracking disabled ({self.uri}): {msg[:200]}; "
+                "the run continues and its run directory is written",
+                file=sys.stderr,
+            )
+        self.enabled = False
+
+    def _guard(self, fn, *args, **kwargs):
+        if not self.enabled or self.client is None or self.run_id is None:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - tracking must never stop a run
+            self._disable(err)
+            return None
+
+    def experiment_id(self, client) -> str:
+        exp = client.get_experiment_by_name(self.cfg.experiment)
+        if exp is not None:
+            return exp.experiment_id
+        root = Path(self.cfg.artifact_root)
+        location = root.resolve().as_uri() if "://" not in self.cfg.artifact_root else None
+        return client.create_experiment(
+            self.cfg.experiment, artifact_location=location or self.cfg.artifact_root
+        )
+
+    # -- callback ----------------------------------------------------------------------
+    def on_run_start(self, ctx: RunContext) -> None:
+        if not self.enabled:
+            return
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        try:
+            from mlflow.entities import Param
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=self.uri)
+            exp_id = self.experiment_id(client)
+            tags = {
+                "raycobo.algorithm": ctx.cfg.algorithm.name,
+                "raycobo.run_dir": str(ctx.run_dir.resolve()),
+            }
+            if ctx.parent_run_id:
+                tags["mlflow.parentRunId"] = ctx.parent_run_id
+            run = client.create_run(exp_id, run_name=self.run_name or ctx.run_dir.name, tags=tags)
+            self.client, self.run_id = client, run.info.run_id
+            params = [Param(k, v) for k, v in flatten_params(ctx.cfg.to_dict()).items()]
+            for a in range(0, len(params), _MAX_BATCH):
+                client.log_batch(self.run_id, params=params[a : a + _MAX_BATCH])
+            ctx.mlflow_run_id = self.run_id
+        except Exception as err:  # noqa: BLE001
+            self._disable(err)
+
+    def on_round_end(self, ctx: RunContext, round: int, stats: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._pending.extend(Metric(f"round/{k}", float(v), now, round) for k, v in stats.items())
+
+    def on_eval(self, ctx: RunContext, round: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = self._pending
+        self._pending = []
+        for key in ("mean_accuracy", "mean_loss", "w_within", "w_across"):
+            if metrics.get(key) is not None:
+                batch.append(Metric(key, float(metrics[key]), now, round))
+        for c in metrics.get("clients", []):
+            for key in ("accuracy", "loss"):
+                if c.get(key) is not None:
+                    batch.append(Metric(f"{key}/client_{c['id']:03d}", float(c[key]), now, round))
+        for a in range(0, len(batch), 1000):
+            self._guard(self.client.log_batch, self.run_id, metrics=batch[a : a + 1000])
+
+    def on_run_end(self, ctx: RunContext, summary: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if self._pending:
+            self._guard(self.client.log_batch, self.run_id, metrics=self._pending)
+            self._pending = []
+        for name in (
+            "summary.json",
+            "config.yaml",
+            "metrics.csv",
+            "rounds.csv",
+            "collaboration.npy",
+        ):
+            path = ctx.run_dir / name
+            if path.exists():
+                self._guard(self.client.log_artifact, self.run_id, str(path))
+        if (ctx.run_dir / "plots").is_dir():
+            self._guard(self.client.log_artifacts, self.run_id, str(ctx.run_dir / "plots"), "plots")
+        status = "FINISHED" if summary.get("status") == "completed" else "FAILED"
+        self._guard(self.client.set_terminated, self.run_id, status)
+
+
+def ui_command(cfg: TrackingConfig) -> str:
+    uri = resolve_uri(cfg.uri)
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
