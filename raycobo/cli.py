@@ -216,9 +216,8 @@ def demo(
         typer.echo(f"run directories: {root}/<algorithm>/   (summary.json, metrics.csv, plots/)")
         typer.echo(f"comparison:      {root}/comparison.md")
         typer.echo(f"plots:           {root}/plots/curves.png, {root}/plots/collaboration.png")
-        typer.echo(
-            f"MLflow store:    {resolve_uri(cfg.tracking.uri)}  (experiment '{cfg.tracking.experiment}')"
-        )
+        store, exp = resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
+        typer.echo(f"MLflow store:    {store}  (experiment '{exp}')")
         typer.echo(f"open it with:    {ui_command(cfg.tracking)}")
 
     _guarded(debug, go)

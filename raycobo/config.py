@@ -90,7 +90,7 @@ class AlgorithmConfig(_Section):
     lr: float = Field(default=0.1, gt=0, description="eta: model step size")
     local_steps: int = Field(default=1, ge=1)
     # CoBo (paper Eq. 1-3)
-    rho: float = Field(default=0.1, ge=0, description="penalty strength")
+    rho: float = Field(default=0.3, ge=0, description="penalty strength")
     gamma: float = Field(default=0.1, gt=0, description="W step size")
     sampling: Sampling = "constant"
     domain: Domain = "box"
@@ -176,9 +176,15 @@ def _format_error(err: ValidationError) -> str:
 def parse_value(text: str) -> Any:
     """Parse an override's value with YAML rules (``0.1`` -> float, ``[1,2]`` -> list)."""
     try:
-        return yaml.safe_load(text) if text != "" else ""
+        value = yaml.safe_load(text) if text != "" else ""
     except yaml.YAMLError:
         return text
+    if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string; users mean a number
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

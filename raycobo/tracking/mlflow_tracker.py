@@ -10,6 +10,7 @@ run directory.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -86,6 +87,8 @@ class MLflowTracker(BaseCallback):
     def on_run_start(self, ctx: RunContext) -> None:
         if not self.enabled:
             return
+        for name in ("mlflow", "alembic"):  # schema-migration chatter on a new store
+            logging.getLogger(name).setLevel(logging.WARNING)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         try:

@@ -1,0 +1,133 @@
+"""CoBo (Algorithm 1) on problems small enough to check by hand."""
+
+from __future__ import annotations
+
+import torch
+from torch.testing import assert_close
+
+from raycobo.algorithms import build_algorithm, evaluate
+from raycobo.algorithms.cobo import CoBo, CoBoState, penalty, update_weights
+from raycobo.config import AlgorithmConfig
+from raycobo.data.quadratic import QuadraticOps, QuadraticProblem
+
+
+def two_clients(mu1, mu2, a=(1.0, 2.0), x0=None, noise=0.0):
+    mu = torch.tensor([mu1, mu2], dtype=torch.float32)
+    p = QuadraticProblem(
+        centers=mu,
+        cluster=torch.tensor([0, 1]),
+        a=torch.tensor(a),
+        noise=noise,
+        x0=torch.zeros(mu.shape[1]) if x0 is None else torch.tensor(x0),
+    )
+    return QuadraticOps(p, seed=0)
+
+
+def test_one_round_matches_hand_computation():
+    """Two full-batch quadratics, noise 0, W^0 = 1, full sampling: one round by hand."""
+    ops = two_clients([1.0, 0.0], [0.0, 2.0], a=(1.0, 2.0))
+    cfg = AlgorithmConfig(name="cobo", lr=0.1, rho=0.5, gamma=0.05, sampling="full")
+    algo = CoBo(cfg, rounds=10, seed=0)
+    X = torch.tensor([[2.0, 1.0], [-1.0, 0.0]])
+    state = CoBoState(X.clone(), torch.ones(2, 2))
+
+    new, stats = algo.round(state, 0, ops)
+
+    z = (X[0] + X[1]) / 2  # (0.5, 0.5)
+    g1 = 1.0 * (z - torch.tensor([1.0, 0.0]))  # (-0.5, 0.5)
+    g2 = 2.0 * (z - torch.tensor([0.0, 2.0]))  # (1.0, -3.0)
+    w = min(1.0, max(0.0, 1.0 + 0.05 * float(g1 @ g2)))  # 1 + 0.05 * (-2) = 0.9
+    assert abs(w - 0.9) < 1e-6
+    assert_close(new.W, torch.tensor([[1.0, w], [w, 1.0]]))
+    grad1 = 1.0 * (X[0] - torch.tensor([1.0, 0.0]))
+    grad2 = 2.0 * (X[1] - torch.tensor([0.0, 2.0]))
+    x1 = X[0] - 0.1 * (grad1 + 0.5 * w * (X[0] - X[1]))
+    x2 = X[1] - 0.1 * (grad2 + 0.5 * w * (X[1] - X[0]))
+    assert_close(new.X, torch.stack([x1, x2]))
+    assert stats["alignment_grads"] == 2.0
+
+
+def test_weight_update_is_clipped_to_the_box():
+    W = torch.full((3, 3), 0.5)
+    edges = torch.tensor([[0, 1], [1, 2]])
+    out = update_weights(W, edges, torch.tensor([100.0, -100.0]), gamma=0.1, domain="box")
+    assert out[0, 1] == 1.0 and out[1, 0] == 1.0
+    assert out[1, 2] == 0.0 and out[2, 1] == 0.0
+    assert out[0, 2] == 0.5  # not sampled: unchanged
+
+
+def test_simplex_rows_stay_on_the_simplex():
+    from raycobo.algorithms.cobo import initial_weights
+
+    W = initial_weights(4, "simplex")
+    assert_close(W.sum(1), torch.ones(4))
+    assert torch.all(W.diagonal() == 0)
+    edges = torch.tensor([[0, 1], [0, 2], [2, 3]])
+    out = update_weights(W, edges, torch.tensor([3.0, -1.0, 0.5]), gamma=0.2, domain="simplex")
+    assert torch.all(out >= 0)
+    assert_close(out.sum(1), torch.ones(4))
+    assert torch.all(out.diagonal() == 0)
+    assert out[0, 1] > out[0, 2]  # the aligned partner gains weight
+
+
+def test_penalty_is_weighted_sum_of_differences():
+    X = torch.randn(4, 3)
+    W = torch.rand(4, 4)
+    expected = torch.stack([sum(W[i, k] * (X[i] - X[k]) for k in range(4)) for i in range(4)])
+    assert_close(penalty(X, W), expected)
+
+
+def _run(algo, ops, rounds):
+    state = algo.init(ops)
+    for t in range(rounds):
+        state, _ = algo.round(state, t, ops)
+    return state
+
+
+def test_figure1_point_a_far_from_optima_keeps_collaborating():
+    """Both models far from nearby optima: gradients at the midpoint align, w stays 1."""
+    ops = two_clients([1.0, 0.0], [-1.0, 0.0], x0=[0.0, 50.0])
+    cfg = AlgorithmConfig(name="cobo", lr=0.01, rho=0.1, gamma=0.1, sampling="full")
+    state = _run(CoBo(cfg, 20, 0), ops, 20)
+    assert state.W[0, 1] == 1.0
+
+
+def test_figure1_point_b_separated_optima_disconnect():
+    """Near convergence with distinct optima the gradients oppose: w goes to 0."""
+    ops = two_clients([3.0, 0.0], [-3.0, 0.0], x0=[0.0, 0.0])
+    cfg = AlgorithmConfig(name="cobo", lr=0.1, rho=0.1, gamma=0.1, sampling="full")
+    state = _run(CoBo(cfg, 150, 0), ops, 150)
+    assert state.W[0, 1] == 0.0
+    # disconnected, each model reaches its own optimum
+    assert_close(state.X, torch.tensor([[3.0, 0.0], [-3.0, 0.0]]), atol=1e-3, rtol=0)
+
+
+def test_example2_uneven_clusters_recover_blocks_and_optima(quad_cfg):
+    """CoBo Example 2: clusters of 2, 3 and 4 clients. W becomes the block indicator and
+    every x_i reaches its cluster centre mu_k."""
+    from raycobo.data import load_data
+    from raycobo.engine import make_local_ops
+
+    cfg = quad_cfg(
+        "data.partition.clients_per_cluster=[2,3,4]",
+        "data.dim=5",
+        "data.noise=0.01",
+        "data.center_scale=3",
+        "algorithm.lr=0.1",
+        "algorithm.rho=0.05",
+        "algorithm.gamma=0.05",
+        "algorithm.sampling=constant",
+        "algorithm.sampling_c=3",
+        "rounds=600",
+    )
+    data = load_data(cfg)
+    ops = make_local_ops(cfg, data)
+    algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
+    state = _run(algo, ops, cfg.rounds)
+
+    cl = data.cluster
+    same = (cl[:, None] == cl[None, :]).float()
+    assert torch.all(state.W[same.bool()] > 0.9)
+    assert torch.all(state.W[~same.bool()] == 0.0)
+    assert_close(state.X, data.optima(), atol=0.02, rtol=0)
+    assert float(evaluate(algo, state, ops).loss.max()) < 1e-3

@@ -1,0 +1,80 @@
+"""Edge samplers: empirical pair rates match p_t; `full` touches every pair."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raycobo.algorithms.samplers import EdgeSampler, bernoulli_pairs, n_pairs, unrank_pairs
+
+
+def test_unrank_enumerates_the_upper_triangle():
+    for n in (2, 3, 7, 50):
+        i, j = unrank_pairs(torch.arange(n_pairs(n)), n)
+        ref = torch.triu_indices(n, n, offset=1)
+        assert torch.equal(i, ref[0]) and torch.equal(j, ref[1])
+
+
+def test_full_touches_every_pair_every_round():
+    s = EdgeSampler("full", 9, 100, seed=0)
+    for t in (0, 5, 99):
+        e = s.sample(t)
+        assert e.shape == (36, 2)
+        assert set(map(tuple, e.tolist())) == {(i, j) for i in range(9) for j in range(i + 1, 9)}
+
+
+@pytest.mark.parametrize("kind", ["constant", "time", "mixed"])
+def test_empirical_pair_rates_match_probability(kind):
+    n, rounds = 12, 3000
+    s = EdgeSampler(kind, n, rounds, seed=1, sampling_c=2.0, time_c=5.0, mixed_switch=0.01)
+    counts = torch.zeros(n, n)
+    expected = 0.0
+    for t in range(rounds):
+        e = s.sample(t)
+        counts[e[:, 0], e[:, 1]] += 1
+        expected += s.probability(t)
+        assert torch.all(e[:, 0] < e[:, 1])
+    iu = torch.triu_indices(n, n, offset=1)
+    per_pair = counts[iu[0], iu[1]]
+    # mean over pairs: relative error well inside 5 standard errors
+    total = float(per_pair.sum())
+    se = (expected * n_pairs(n)) ** 0.5
+    assert abs(total - expected * n_pairs(n)) < 5 * se
+    if kind == "constant":  # every pair at the same rate p = c/n
+        p = 2.0 / n
+        assert abs(float(per_pair.mean()) / rounds - p) < 0.01
+        assert float(per_pair.std()) < 4 * (rounds * p * (1 - p)) ** 0.5
+
+
+def test_probability_schedules():
+    s = EdgeSampler("mixed", 10, 1000, seed=0, sampling_c=1.0, time_c=1.0, mixed_switch=0.002)
+    assert s.switch_round() == 2
+    assert s.probability(0) == pytest.approx(0.1)
+    assert s.probability(1) == pytest.approx(0.1)
+    assert s.probability(2) == pytest.approx(1 / 3)
+    assert s.probability(99) == pytest.approx(0.01)
+    assert EdgeSampler("time", 10, 100, 0).probability(0) == 1.0
+    assert EdgeSampler("constant", 4, 100, 0, sampling_c=10).probability(7) == 1.0
+
+
+def test_geometric_skipping_path_has_the_right_rate():
+    """Large n, small p: the O(pN) path (no n^2 draw) samples at rate p without repeats."""
+    n, p = 3000, 1e-4
+    g = torch.Generator().manual_seed(0)
+    counts = []
+    for _ in range(20):
+        e = bernoulli_pairs(n, p, g)
+        lin = e[:, 0] * n + e[:, 1]
+        assert lin.unique().numel() == lin.numel()
+        assert torch.all(e[:, 0] < e[:, 1]) and int(e.max()) < n
+        counts.append(e.shape[0])
+    mean = sum(counts) / len(counts)
+    N = n_pairs(n)
+    assert abs(mean - p * N) < 5 * (p * N / len(counts)) ** 0.5
+
+
+def test_same_seed_same_edges_and_different_rounds_differ():
+    a = EdgeSampler("constant", 40, 10, seed=3)
+    b = EdgeSampler("constant", 40, 10, seed=3)
+    assert torch.equal(a.sample(4), b.sample(4))
+    assert not torch.equal(a.sample(4), a.sample(5))

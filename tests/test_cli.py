@@ -1,0 +1,205 @@
+"""The real CLI on tiny configs: run directory contents, MLflow logging, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from raycobo.cli import app
+
+QUAD = [
+    "data.name=quadratic",
+    "data.partition.clients_per_cluster=[2,3]",
+    "rounds=30",
+    "eval_every=10",
+    "algorithm.sampling=full",
+]
+
+
+@pytest.fixture
+def cfg_file(tmp_path):
+    p = tmp_path / "exp.yaml"
+    p.write_text("# raycobo run exp.yaml\nname: tiny\nseed: 1\n")
+    return p
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_run_writes_the_run_directory_and_tracks_in_mlflow(tmp_path, cfg_file):
+    """Prepare a sqlite store; Execute `raycobo run`; Assert run dir files and MLflow run."""
+    db = tmp_path / "store.db"
+    out = tmp_path / "run"
+    res = invoke(
+        "run",
+        cfg_file,
+        *QUAD,
+        f"tracking.uri=sqlite:///{db}",
+        f"tracking.artifact_root={tmp_path / 'art'}",
+        "--out",
+        out,
+        "-q",
+    )
+    assert res.exit_code == 0, res.output
+    for name in ("config.yaml", "summary.json", "metrics.csv", "rounds.csv", "collaboration.npy"):
+        assert (out / name).is_file(), name
+    assert (out / "plots" / "curves.png").is_file()
+    assert (out / "plots" / "collaboration.png").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    for key in (
+        "algorithm",
+        "engine",
+        "n_clients",
+        "rounds",
+        "seed",
+        "mean_accuracy",
+        "mean_loss",
+        "clients",
+        "collaboration",
+        "wall_seconds",
+        "mlflow_run_id",
+    ):
+        assert key in summary, key
+    assert summary["algorithm"] == "cobo" and summary["n_clients"] == 5
+    assert summary["mean_accuracy"] is None  # regression task
+    assert [c["cluster"] for c in summary["clients"]] == [0, 0, 1, 1, 1]
+    assert np.array(summary["collaboration"]).shape == (5, 5)
+    assert np.allclose(np.load(out / "collaboration.npy"), summary["collaboration"])
+    lines = (out / "metrics.csv").read_text().strip().splitlines()
+    assert lines[0] == "round,client,cluster,accuracy,loss"
+    assert len(lines) == 1 + 4 * 5  # rounds 0, 10, 20, 30 x 5 clients
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.params["algorithm.name"] == "cobo"
+    assert run.data.params["rounds"] == "30"
+    hist = client.get_metric_history(run.info.run_id, "mean_loss")
+    assert [m.step for m in hist] == [0, 10, 20, 30]
+    assert len(client.get_metric_history(run.info.run_id, "loss/client_004")) == 4
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"summary.json", "config.yaml", "plots"} <= arts
+    assert run.info.status == "FINISHED"
+
+
+def test_resolved_config_reproduces_the_run(tmp_path, cfg_file):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert invoke("run", cfg_file, *QUAD, "--out", a, "-q", "--no-tracking").exit_code == 0
+    res = invoke("run", a / "config.yaml", "--out", b, "-q", "--no-tracking")
+    assert res.exit_code == 0, res.output
+    sa = json.loads((a / "summary.json").read_text())
+    sb = json.loads((b / "summary.json").read_text())
+    assert sa["mean_loss"] == sb["mean_loss"]
+    assert sa["collaboration"] == sb["collaboration"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["nope.yaml"], "nope.yaml"),
+        (["{cfg}", "algorithm.name=sgd"], "algorithm.name"),
+        (["{cfg}", "data.name=imagenet"], "data.name"),
+        (["{cfg}", "algorithm.rho=-2"], "algorithm.rho"),
+        (["{cfg}", "algorithm.lr=fast"], "algorithm.lr"),
+        (["{cfg}", "model.name=gpt9", "data.name=digits"], "model.name"),
+        (["{cfg}", "algorithm.unknown=1"], "algorithm.unknown"),
+        (["{broken}"], "broken.yaml"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_problem(tmp_path, cfg_file, args, needle):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("rounds: [\n")
+    argv = [a.format(cfg=cfg_file, broken=broken) for a in args]
+    res = invoke("run", *argv, "--out", tmp_path / "o", "-q", "--no-tracking")
+    assert res.exit_code != 0
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error:") and needle in err
+    assert "Traceback" not in res.output
+
+
+def test_a_failing_run_keeps_what_it_measured(tmp_path, cfg_file):
+    """A diverging run (lr far too large) fails midway with exit 1, keeps config.yaml,
+    the metrics so far and a summary saying where it stopped."""
+    out = tmp_path / "bad"
+    res = invoke(
+        "run",
+        cfg_file,
+        *QUAD,
+        "algorithm.lr=50",
+        "data.curvature=[1,1]",
+        "rounds=400",
+        "--out",
+        out,
+        "-q",
+        "--no-tracking",
+    )
+    assert res.exit_code == 1
+    assert str(out) in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert (out / "config.yaml").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["last_round"] > 0
+    assert len((out / "metrics.csv").read_text().splitlines()) > 1
+
+
+def test_unreachable_tracking_store_warns_once_and_continues(tmp_path, cfg_file):
+    out = tmp_path / "r"
+    res = invoke(
+        "run",
+        cfg_file,
+        *QUAD,
+        "tracking.uri=http://127.0.0.1:9",
+        "--out",
+        out,
+        "-q",
+    )
+    assert res.exit_code == 0, res.output
+    assert res.stderr.count("warning: MLflow tracking disabled") == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mlflow_run_id"] is None and summary["status"] == "completed"
+
+
+def test_compare_writes_a_table(tmp_path, cfg_file):
+    out = tmp_path / "cmp"
+    res = invoke(
+        "compare",
+        cfg_file,
+        *QUAD,
+        "--algorithms",
+        "local,cobo,oracle",
+        "--out",
+        out,
+        "-q",
+        "--no-tracking",
+    )
+    assert res.exit_code == 0, res.output
+    rows = json.loads((out / "comparison.json").read_text())
+    assert [r["algorithm"] for r in rows] == ["local", "cobo", "oracle"]
+    for r in rows:
+        s = json.loads((out / r["algorithm"] / "summary.json").read_text())
+        assert r["mean_loss"] == s["mean_loss"]
+    assert (out / "plots" / "curves.png").is_file()
+    assert "| cobo |" in (out / "comparison.md").read_text()
+
+
+def test_entry_point_help_and_error_exit_code(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "raycobo.cli", "run", str(tmp_path / "missing.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"error: config file not found: {tmp_path}/missing.yaml"
+    ]
+    res = subprocess.run(
+        [sys.executable, "-m", "raycobo.cli", "--help"], capture_output=True, text=True
+    )
+    assert res.returncode == 0 and "compare" in res.stdout
