@@ -223,6 +223,41 @@ def demo(
     _guarded(debug, go)
 
 
+bench_app = typer.Typer(help="Throughput and scaling measurements (figures, not tests).")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("engine")
+def bench_engine_cmd(
+    clients: Annotated[str, typer.Option(help="comma-separated client counts")] = "8,40,80,320",
+    rounds: Annotated[int, typer.Option(help="timed rounds per measurement")] = 20,
+    batch_size: Annotated[int, typer.Option()] = 32,
+    threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    out: Out = None,
+    debug: Debug = False,
+) -> None:
+    """FedAvg and CoBo rounds: vectorized engine vs a plain per-client PyTorch loop."""
+
+    def go():
+        import torch
+
+        from raycobo.bench import bench_engine
+
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            ns = [int(c) for c in clients.split(",") if c.strip()]
+        except ValueError:
+            raise ConfigError(
+                f"--clients must be comma-separated integers, got '{clients}'"
+            ) from None
+        bench_engine(ns, rounds, batch_size, out, echo=typer.echo)
+        if out is not None:
+            typer.echo(f"wrote {out}/bench_engine.csv")
+
+    _guarded(debug, go)
+
+
 def main() -> None:
     try:
         app()

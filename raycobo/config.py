@@ -117,6 +117,14 @@ class EngineConfig(_Section):
     cpus_per_actor: float = Field(default=1.0, ge=0)
     address: str | None = None
     threads: int | None = Field(default=None, ge=1)
+    # ray: local instance (when no address), fault tolerance, straggler injection
+    num_cpus: int | None = Field(default=None, ge=1)
+    num_gpus: float | None = Field(default=None, ge=0, description="declare (fake) GPUs")
+    dashboard: bool = False
+    timeout_s: float = Field(default=600.0, gt=0)
+    max_restarts: int = Field(default=3, ge=0)
+    slow_hosts: list[int] = Field(default_factory=list, description="hosts to slow down")
+    slow_seconds: float = Field(default=0.0, ge=0)
 
 
 class TrackingConfig(_Section):

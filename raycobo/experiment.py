@@ -189,6 +189,7 @@ def run_experiment(
             if progress is not None:
                 progress.advance(stats, row)
     except BaseException as err:  # keep what was measured, say where, re-raise
+        _close(ops)
         if progress is not None:
             progress.stop()
         metrics_log.close()
@@ -224,6 +225,8 @@ def run_experiment(
 
     final = history[-1]
     W = algo.collaboration(state)
+    extras = algo.summary_extras() if hasattr(algo, "summary_extras") else None
+    _close(ops)
     W_np = W.detach().float().cpu().numpy() if W is not None else None
     if W_np is not None:
         np.save(run_dir / "collaboration.npy", W_np)
@@ -247,6 +250,8 @@ def run_experiment(
         "wall_seconds": time.perf_counter() - start,
         "mlflow_run_id": ctx.mlflow_run_id,
     }
+    if extras is not None:
+        summary["engine_report"] = extras
     from raycobo import plots
 
     plots.write_run_plots(run_dir, summary, snapshots, ctx.clusters)
@@ -256,6 +261,13 @@ def run_experiment(
     return Result(run_dir, summary)
 
 
+def _close(ops) -> None:
+    close = getattr(ops, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
+
+
 def build_run(cfg: Config):
     """Data, engine ops and algorithm for ``cfg``."""
     from raycobo.data import load_data
@@ -263,15 +275,10 @@ def build_run(cfg: Config):
     algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
     data = load_data(cfg)
     if cfg.engine.kind == "ray":
-        try:
-            from raycobo.engine.ray_engine import make_ray_ops
-        except ModuleNotFoundError as err:
-            if err.name != "raycobo.engine.ray_engine":
-                raise
-            raise ConfigError(
-                "invalid config key 'engine.kind': the Ray engine is not part of this build"
-            ) from None
-        ops = make_ray_ops(cfg, data)
+        from raycobo.engine.ray_engine import make_ray_run
+
+        run = make_ray_run(cfg, data)
+        return run, run  # the coordinator holds the state; the driver holds handles
     else:
         from raycobo.engine import make_local_ops
 

@@ -37,6 +37,29 @@ class FederatedData:
     def train_sizes(self) -> list[int]:
         return [int(t.numel()) for t in self.train_idx]
 
+    def subset(self, clients: list[int]) -> FederatedData:
+        """The data of ``clients`` only, with compacted feature pools (for one host)."""
+
+        def compact(pool: torch.Tensor, idx: list[torch.Tensor]):
+            rows = torch.unique(torch.cat(idx)) if idx else torch.empty(0, dtype=torch.int64)
+            return pool[rows].clone(), [torch.searchsorted(rows, i) for i in idx]
+
+        tr = [self.train_idx[c] for c in clients]
+        te = [self.test_idx[c] for c in clients]
+        train_x, tr = compact(self.train_x, tr)
+        test_x, te = compact(self.test_x, te)
+        return FederatedData(
+            name=self.name,
+            train_x=train_x,
+            test_x=test_x,
+            train_idx=tr,
+            train_y=[self.train_y[c] for c in clients],
+            test_idx=te,
+            test_y=[self.test_y[c] for c in clients],
+            clusters=[self.clusters[c] for c in clients],
+            num_classes=self.num_classes,
+        )
+
 
 @dataclass
 class RawDataset:

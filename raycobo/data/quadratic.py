@@ -41,6 +41,10 @@ class QuadraticProblem:
     def optima(self) -> torch.Tensor:
         return self.centers[self.cluster]  # (n, d)
 
+    def subset(self, clients: list[int]) -> QuadraticProblem:
+        idx = torch.as_tensor(clients, dtype=torch.int64)
+        return QuadraticProblem(self.centers, self.cluster[idx], self.a[idx], self.noise, self.x0)
+
 
 def make_quadratic(cfg: DataConfig, seed: int) -> QuadraticProblem:
     sizes = cfg.partition.cluster_sizes()
@@ -56,8 +60,17 @@ def make_quadratic(cfg: DataConfig, seed: int) -> QuadraticProblem:
 class QuadraticOps:
     """ClientOps for the quadratic task, in closed form (no data, no model)."""
 
-    def __init__(self, problem: QuadraticProblem, seed: int, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        problem: QuadraticProblem,
+        seed: int,
+        device: str | torch.device = "cpu",
+        client_ids: torch.Tensor | None = None,
+    ):
         self.p = problem
+        # global ids used in the noise hash, so a host of a subset draws the same noise
+        n = problem.n_clients
+        self.ids = torch.arange(n) if client_ids is None else torch.as_tensor(client_ids)
         self.seed = seed
         self.device = torch.device(device)
         self.n_clients = problem.n_clients
@@ -88,9 +101,8 @@ class QuadraticOps:
         if self.p.noise > 0:
             salt_t = torch.as_tensor(salt, dtype=torch.int64).reshape(-1, 1)
             coords = torch.arange(self.dim).reshape(1, -1)
-            xi = rng.normal(
-                self.seed, round, clients.cpu().reshape(-1, 1), stream, salt_t, coords
-            )  # (m, d)
+            ids = self.ids[clients.cpu()].reshape(-1, 1)
+            xi = rng.normal(self.seed, round, ids, stream, salt_t, coords)  # (m, d)
             G = G + self.p.noise * xi.to(G.dtype).to(self.device)
         return G, self.loss_values(clients, Z)
 

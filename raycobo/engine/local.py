@@ -25,8 +25,18 @@ from raycobo.models import FunctionalModel
 class ClientBatches:
     """Minibatch sampling for many clients from a shared feature pool (hash-seeded)."""
 
-    def __init__(self, data: FederatedData, batch_size: int, seed: int, device: torch.device):
+    def __init__(
+        self,
+        data: FederatedData,
+        batch_size: int,
+        seed: int,
+        device: torch.device,
+        client_ids: torch.Tensor | None = None,
+    ):
         self.seed = seed
+        # global ids used in the hash, so a host of a subset draws the same batches
+        n = data.n_clients
+        self.ids = torch.arange(n) if client_ids is None else torch.as_tensor(client_ids)
         self.batch_size = batch_size
         self.device = device
         self.sizes = torch.tensor(data.train_sizes(), dtype=torch.int64)  # (n,)
@@ -45,7 +55,7 @@ class ClientBatches:
         c = clients.cpu().reshape(-1, 1)
         s = torch.as_tensor(salt, dtype=torch.int64).cpu().reshape(-1, 1)
         k = torch.arange(self.batch_size).reshape(1, -1)
-        draw = rng.randint(self.sizes[c], self.seed, round, c, stream, s, k)  # (m, B)
+        draw = rng.randint(self.sizes[c], self.seed, round, self.ids[c], stream, s, k)  # (m, B)
         return (self.offsets[c] + draw).to(self.device)
 
     def batch(
@@ -68,6 +78,7 @@ class _SupervisedBase:
         batch_size: int,
         seed: int,
         device: str | torch.device = "cpu",
+        client_ids: torch.Tensor | None = None,
     ):
         self.data = data
         self.model = model
@@ -76,7 +87,7 @@ class _SupervisedBase:
         self.n_clients = data.n_clients
         self.dim = model.dim
         self.clusters = list(data.clusters)
-        self.batches = ClientBatches(data, batch_size, seed, self.device)
+        self.batches = ClientBatches(data, batch_size, seed, self.device, client_ids)
         self._x0 = model.init_flat(seed).to(self.device)
         self._sizes = self.batches.sizes.to(torch.float32).to(self.device)
         self.test_x = data.test_x.to(self.device)

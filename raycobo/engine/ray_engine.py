@@ -1,0 +1,402 @@
+"""The Ray engine: client hosts as actors pinned to GPU fractions, and a coordinator actor.
+
+- ``ClientHost`` (actor) holds the data of ``engine.clients_per_actor`` clients and
+  answers the engine primitive -- gradients/losses of its clients at given points, and
+  test metrics -- with the same batched code as the local engine, on CUDA when Ray
+  assigned it a GPU. It requests ``gpus_per_client * clients`` GPUs and
+  ``cpus_per_actor`` CPUs. Its data is rebuilt deterministically from the config, so a
+  restarted host (Ray's ``max_restarts``) serves the same batches as before.
+- ``Coordinator`` (actor) owns the algorithm state (models, W), the edge sampler and the
+  round counter. Each round it runs the algorithm, which asks for the alignment
+  gradients of the sampled edges and the model-step gradients; the coordinator sends
+  each host only the points of its own clients through the object store, in parallel.
+  The driver receives round statistics, evaluations and W -- never a model.
+
+Minibatches and noise are hashes of (seed, round, global client id, stream, salt), so
+the same config gives the same numbers as the local engine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from raycobo.algorithms.base import Evaluation
+from raycobo.config import Config
+
+
+def start_ray(cfg: Config) -> None:
+    """Connect to ``engine.address``, or start a local Ray bound to 127.0.0.1 with no
+    dashboard (Ray >= 2.5x otherwise picks the network interface's address)."""
+    if cfg.engine.address is None:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    if ray.is_initialized():
+        return
+    if cfg.engine.address is not None:
+        ray.init(address=cfg.engine.address, log_to_driver=False)
+        return
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # loopback node address
+    ray.init(
+        include_dashboard=cfg.engine.dashboard,
+        num_cpus=cfg.engine.num_cpus,
+        num_gpus=cfg.engine.num_gpus,
+        log_to_driver=False,
+        configure_logging=True,
+        logging_level="warning",
+    )
+
+
+def host_layout(n: int, per_actor: int) -> list[list[int]]:
+    """Contiguous blocks of client ids, one per host."""
+    return [list(range(a, min(n, a + per_actor))) for a in range(0, n, per_actor)]
+
+
+class ClientHostImpl:
+    """The body of the ClientHost actor (plain class, so it can be tested in-process)."""
+
+    def __init__(self, cfg_dict: dict[str, Any], clients: list[int], slow_s: float = 0.0):
+        from raycobo.config import validate
+        from raycobo.data import QuadraticProblem, load_data
+
+        cfg = validate(cfg_dict)
+        self.clients = clients
+        self.slow_s = slow_s
+        self.device = "cpu"
+        self.gpu_ids: list = []
+        try:
+            import ray
+
+            if ray.is_initialized():
+                self.gpu_ids = list(ray.get_gpu_ids())
+        except Exception:  # noqa: BLE001 - outside an actor
+            pass
+        if self.gpu_ids and torch.cuda.is_available():
+            self.device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to the assigned GPU
+        if cfg.engine.threads:
+            torch.set_num_threads(cfg.engine.threads)
+        data = load_data(cfg)
+        ids = torch.tensor(clients)
+        if isinstance(data, QuadraticProblem):
+            from raycobo.data.quadratic import QuadraticOps
+
+            self.ops = QuadraticOps(data.subset(clients), cfg.seed, self.device, client_ids=ids)
+        else:
+            from raycobo.engine.local import VectorizedOps
+            from raycobo.models import build_model
+
+            model = build_model(cfg.model, data.input_shape, data.num_classes)
+            self.ops = VectorizedOps(
+                data.subset(clients),
+                model,
+                cfg.batch_size,
+                cfg.seed,
+                self.device,
+                client_ids=ids,
+                chunk_size=cfg.engine.chunk_size,
+            )
+        del data
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "dim": self.ops.dim,
+            "sizes": self.ops.data_sizes().cpu(),
+            "clusters": list(self.ops.clusters),
+            "device": self.device,
+            "gpu_ids": self.gpu_ids,
+            "pid": os.getpid(),
+        }
+
+    def initial_params(self) -> torch.Tensor:
+        return self.ops.initial_params().cpu()
+
+    def random_params(self, salt: int) -> torch.Tensor:
+        return self.ops.random_params(salt).cpu()
+
+    def _wait(self) -> None:
+        if self.slow_s:
+            time.sleep(self.slow_s)
+
+    def grads(self, local, Z, round, stream, salt):
+        self._wait()
+        G, L = self.ops.grads(local.to(self.device), Z.to(self.device), round, stream, salt)
+        return G.cpu(), L.cpu()
+
+    def losses(self, local, Z, round, stream, salt):
+        self._wait()
+        return self.ops.losses(local.to(self.device), Z.to(self.device), round, stream, salt).cpu()
+
+    def evaluate(self, local, Z):
+        ev = self.ops.evaluate(local.to(self.device), Z.to(self.device))
+        acc = ev.accuracy.cpu() if ev.accuracy is not None else None
+        return ev.loss.cpu(), acc
+
+
+class RayClientOps:
+    """ClientOps whose clients live in ClientHost actors (used inside the Coordinator)."""
+
+    def __init__(self, hosts: list[Any], layout: list[list[int]], timeout_s: float, retries: int):
+        import ray
+
+        self.ray = ray
+        self.hosts = hosts
+        self.layout = layout
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.events: list[dict[str, Any]] = []
+        self.n_clients = sum(len(b) for b in layout)
+        self.owner = torch.empty(self.n_clients, dtype=torch.int64)
+        self.local = torch.empty(self.n_clients, dtype=torch.int64)
+        for h, block in enumerate(layout):
+            self.owner[block] = h
+            self.local[block] = torch.arange(len(block))
+        infos = self._get([h.info.remote() for h in hosts])
+        self.dim = infos[0]["dim"]
+        self._sizes = torch.cat([i["sizes"] for i in infos])
+        self.clusters = [c for i in infos for c in i["clusters"]]
+        self.host_devices = [i["device"] for i in infos]
+        self.host_gpu_ids = [i["gpu_ids"] for i in infos]
+        self.device = torch.device("cpu")
+        self.coordination_s = 0.0
+        self.wait_s = 0.0
+
+    # -- plumbing ----------------------------------------------------------------------
+    def _get(self, refs):
+        return self.ray.get(refs, timeout=self.timeout_s)
+
+    def _call(self, method: str, per_host: dict[int, tuple]) -> dict[int, Any]:
+        """Call ``method`` on several hosts in parallel; retry hosts that died (Ray
+        restarts them from their config, so they answer identically)."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        pending = dict(per_host)
+        out: dict[int, Any] = {}
+        for attempt in range(self.retries + 1):
+            t0 = time.perf_counter()
+            refs = {h: getattr(self.hosts[h], method).remote(*args) for h, args in pending.items()}
+            self.coordination_s += time.perf_counter() - t0
+            failed = {}
+            for h, ref in refs.items():
+                t1 = time.perf_counter()
+                try:
+                    out[h] = self._get(ref)
+                except (RayActorError, ActorDiedError, ActorUnavailableError) as err:
+                    failed[h] = pending[h]
+                    self.events.append(
+                        {
+                            "event": "host_failed",
+                            "host": h,
+                            "attempt": attempt,
+                            "error": type(err).__name__,
+                        }
+                    )
+                self.wait_s += time.perf_counter() - t1
+            if not failed:
+                return out
+            pending = failed
+            time.sleep(min(2.0, 0.2 * (attempt + 1)))
+        raise RuntimeError(f"client hosts {sorted(pending)} failed {self.retries + 1} times")
+
+    def _split(self, clients: torch.Tensor, *arrays: torch.Tensor):
+        clients = clients.cpu()
+        owners = self.owner[clients]
+        parts = {}
+        for h in torch.unique(owners).tolist():
+            mask = owners == h
+            parts[h] = (
+                mask,
+                self.local[clients[mask]],
+                *(a[mask.to(a.device)].cpu() for a in arrays),
+            )
+        return parts
+
+    @staticmethod
+    def _salts(salt, m: int) -> torch.Tensor:
+        s = torch.as_tensor(salt, dtype=torch.int64).reshape(-1)
+        return s.expand(m).clone() if s.numel() == 1 else s
+
+    # -- ClientOps -----------------------------------------------------------------------
+    def initial_params(self) -> torch.Tensor:
+        return self._call("initial_params", {0: ()})[0]
+
+    def random_params(self, salt: int) -> torch.Tensor:
+        return self._call("random_params", {0: (salt,)})[0]
+
+    def data_sizes(self) -> torch.Tensor:
+        return self._sizes
+
+    def grads(self, clients, Z, round, stream, salt=0):
+        m = clients.numel()
+        parts = self._split(clients, Z, self._salts(salt, m))
+        res = self._call(
+            "grads", {h: (loc, z, round, stream, s) for h, (_, loc, z, s) in parts.items()}
+        )
+        G = torch.empty(m, self.dim, dtype=Z.dtype)
+        L = torch.empty(m, dtype=Z.dtype)
+        for h, (mask, *_rest) in parts.items():
+            G[mask], L[mask] = res[h]
+        return G, L
+
+    def losses(self, clients, Z, round, stream, salt=0):
+        m = clients.numel()
+        parts = self._split(clients, Z, self._salts(salt, m))
+        res = self._call(
+            "losses", {h: (loc, z, round, stream, s) for h, (_, loc, z, s) in parts.items()}
+        )
+        L = torch.empty(m, dtype=Z.dtype)
+        for h, (mask, *_rest) in parts.items():
+            L[mask] = res[h]
+        return L
+
+    def evaluate(self, clients, Z) -> Evaluation:
+        m = clients.numel()
+        parts = self._split(clients, Z)
+        res = self._call("evaluate", {h: (loc, z) for h, (_, loc, z) in parts.items()})
+        loss = torch.empty(m)
+        acc = torch.empty(m)
+        has_acc = True
+        for h, (mask, *_rest) in parts.items():
+            loss[mask] = res[h][0]
+            if res[h][1] is None:
+                has_acc = False
+            else:
+                acc[mask] = res[h][1]
+        return Evaluation(loss=loss, accuracy=acc if has_acc else None)
+
+
+class CoordinatorImpl:
+    """The body of the Coordinator actor: algorithm state, W and the sampler live here."""
+
+    def __init__(self, cfg_dict: dict[str, Any], hosts: list[Any], layout: list[list[int]]):
+        from raycobo.algorithms import build_algorithm
+        from raycobo.config import validate
+
+        cfg = validate(cfg_dict)
+        torch.set_num_threads(cfg.engine.threads or 1)
+        self.ops = RayClientOps(hosts, layout, cfg.engine.timeout_s, cfg.engine.max_restarts)
+        self.algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
+        self.state = None
+        self.compute_s = 0.0
+
+    def setup(self) -> dict[str, Any]:
+        self.state = self.algo.init(self.ops)
+        return {
+            "n_clients": self.ops.n_clients,
+            "clusters": self.ops.clusters,
+            "host_devices": self.ops.host_devices,
+            "host_gpu_ids": self.ops.host_gpu_ids,
+        }
+
+    def round(self, t: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.state, stats = self.algo.round(self.state, t, self.ops)
+        self.compute_s += time.perf_counter() - t0
+        return stats
+
+    def evaluate(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from raycobo.algorithms import evaluate
+
+        ev = evaluate(self.algo, self.state, self.ops)
+        return ev.loss, ev.accuracy
+
+    def collaboration(self) -> torch.Tensor | None:
+        W = self.algo.collaboration(self.state)
+        return None if W is None else W.detach().cpu()
+
+    def eval_params(self) -> torch.Tensor:
+        return self.algo.eval_params(self.state).detach().cpu()
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "events": list(self.ops.events),
+            "round_seconds_in_coordinator": self.compute_s,
+            "host_call_seconds": self.ops.coordination_s,
+            "host_wait_seconds": self.ops.wait_s,
+        }
+
+
+class RayRun:
+    """Driver-side handle: looks like (ClientOps, Algorithm) to ``run_experiment`` while
+    state stays in the coordinator and data in the hosts."""
+
+    def __init__(self, cfg: Config, n_clients: int):
+        import ray
+
+        start_ray(cfg)
+        e = cfg.engine
+        self.cfg = cfg
+        n = n_clients
+        self.layout = host_layout(n, e.clients_per_actor)
+        cfg_dict = cfg.to_dict()
+        Host = ray.remote(ClientHostImpl)
+        self.hosts = []
+        for h, block in enumerate(self.layout):
+            slow = e.slow_seconds if h in e.slow_hosts else 0.0
+            self.hosts.append(
+                Host.options(
+                    num_cpus=e.cpus_per_actor,
+                    num_gpus=e.gpus_per_client * len(block),
+                    max_restarts=e.max_restarts,
+                    name=None,
+                ).remote(cfg_dict, block, slow)
+            )
+        Coord = ray.remote(CoordinatorImpl)
+        # The coordinator's math (W updates, penalties) is light next to the hosts'
+        # forward/backward passes; it reserves no CPU so hosts can take them all.
+        self.coordinator = Coord.options(num_cpus=0).remote(cfg_dict, self.hosts, self.layout)
+        info = ray.get(self.coordinator.setup.remote(), timeout=e.timeout_s)
+        self.n_clients = info["n_clients"]
+        self.clusters = info["clusters"]
+        self.host_devices = info["host_devices"]
+        self.host_gpu_ids = info["host_gpu_ids"]
+        self.device = torch.device("cpu")
+        self.name = cfg.algorithm.name
+
+    def _get(self, ref):
+        import ray
+
+        return ray.get(ref, timeout=self.cfg.engine.timeout_s)
+
+    # -- Algorithm-like surface for run_experiment ----------------------------------------
+    def init(self, ops) -> str:
+        return "remote"
+
+    def round(self, state, t: int, ops) -> tuple[str, dict[str, float]]:
+        return state, self._get(self.coordinator.round.remote(t))
+
+    def evaluate(self, state, ops) -> Evaluation:
+        loss, acc = self._get(self.coordinator.evaluate.remote())
+        return Evaluation(loss=loss, accuracy=acc)
+
+    def eval_params(self, state) -> torch.Tensor:
+        return self._get(self.coordinator.eval_params.remote())
+
+    def collaboration(self, state) -> torch.Tensor | None:
+        return self._get(self.coordinator.collaboration.remote())
+
+    def summary_extras(self) -> dict[str, Any]:
+        rep = self._get(self.coordinator.report.remote())
+        return {
+            "hosts": len(self.hosts),
+            "clients_per_actor": self.cfg.engine.clients_per_actor,
+            "host_devices": self.host_devices,
+            "host_gpu_ids": self.host_gpu_ids,
+            **rep,
+        }
+
+    def close(self) -> None:
+        import ray
+
+        for actor in [self.coordinator, *self.hosts]:
+            ray.kill(actor, no_restart=True)
+
+
+def make_ray_run(cfg: Config, data) -> RayRun:
+    """Start (or join) Ray and place the hosts and the coordinator for ``cfg``."""
+    return RayRun(cfg, data.n_clients)

@@ -1,0 +1,144 @@
+"""The Ray engine: same numbers as the local engine, GPU fractions, host restarts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+ray = pytest.importorskip("ray")
+
+from raycobo.algorithms import build_algorithm, evaluate  # noqa: E402
+from raycobo.config import with_overrides  # noqa: E402
+from raycobo.data import load_data  # noqa: E402
+from raycobo.engine import make_local_ops  # noqa: E402
+from raycobo.engine.ray_engine import RayRun, start_ray  # noqa: E402
+
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def ray_2_cpus_2_fake_gpus(quad_cfg_module):
+    """Start a local Ray with 2 CPUs and 2 declared (fake) GPUs; stop it afterwards."""
+    cfg = with_overrides(quad_cfg_module, {"engine.num_cpus": 2, "engine.num_gpus": 2})
+    start_ray(cfg)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def quad_cfg_module():
+    from raycobo.config import load_config
+
+    return load_config(
+        None,
+        [
+            "data.name=quadratic",
+            "data.partition.clients_per_cluster=[2,2,1]",
+            "data.noise=0.2",
+            "rounds=6",
+            "tracking.enabled=false",
+            "engine.kind=ray",
+            "engine.clients_per_actor=3",
+            "engine.cpus_per_actor=0.5",
+            f"engine.timeout_s={TIMEOUT}",
+            "algorithm.sampling=full",
+            "algorithm.ft_steps=2",
+        ],
+    )
+
+
+def run_local(cfg, rounds):
+    data = load_data(cfg)
+    ops = make_local_ops(cfg, data)
+    algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
+    state = algo.init(ops)
+    for t in range(rounds):
+        state, _ = algo.round(state, t, ops)
+    return algo.eval_params(state), algo.collaboration(state), evaluate(algo, state, ops).loss
+
+
+def run_ray(cfg, rounds, between=None):
+    run = RayRun(cfg, load_data(cfg).n_clients)
+    try:
+        state = run.init(run)
+        for t in range(rounds):
+            if between is not None:
+                between(run, t)
+            state, _ = run.round(state, t, run)
+        out = (run.eval_params(state), run.collaboration(state), run.evaluate(state, run).loss)
+        return out, run.summary_extras()
+    finally:
+        run.close()
+
+
+def test_local_ray_is_bound_to_loopback(ray_2_cpus_2_fake_gpus):
+    assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("name", ["cobo", "fedavg", "ditto", "ifca", "oracle", "fedavg_ft"])
+def test_same_numbers_as_the_local_engine(ray_2_cpus_2_fake_gpus, quad_cfg_module, name):
+    cfg = with_overrides(quad_cfg_module, {"algorithm.name": name})
+    X_l, W_l, L_l = run_local(cfg, cfg.rounds)
+    (X_r, W_r, L_r), report = run_ray(cfg, cfg.rounds)
+    assert report["hosts"] == 2
+    assert_close(X_r, X_l, atol=1e-5, rtol=1e-5)
+    assert_close(L_r, L_l, atol=1e-5, rtol=1e-5)
+    if W_l is not None:
+        assert_close(W_r, W_l, atol=1e-5, rtol=1e-5)
+
+
+def test_same_numbers_on_a_neural_task(ray_2_cpus_2_fake_gpus, digits_cfg):
+    cfg = digits_cfg(
+        "engine.kind=ray",
+        "engine.clients_per_actor=2",
+        "engine.cpus_per_actor=0.5",
+        "algorithm.sampling=full",
+        f"engine.timeout_s={TIMEOUT}",
+    )
+    X_l, W_l, L_l = run_local(cfg, 3)
+    (X_r, W_r, L_r), _ = run_ray(cfg, 3)
+    assert_close(X_r, X_l, atol=1e-5, rtol=1e-4)
+    assert_close(W_r, W_l, atol=1e-5, rtol=1e-4)
+    assert_close(L_r, L_l, atol=1e-5, rtol=1e-4)
+
+
+def test_hosts_request_gpu_fractions(ray_2_cpus_2_fake_gpus, quad_cfg_module):
+    """With 2 declared GPUs, 0.25 GPU per client and 3 clients per host, each host holds
+    0.75 of a GPU, so the two hosts land on different GPUs; without CUDA they compute
+    on the CPU."""
+    cfg = with_overrides(quad_cfg_module, {"engine.gpus_per_client": 0.25})
+    run = RayRun(cfg, 5)
+    try:
+        assert all(len(ids) == 1 for ids in run.host_gpu_ids)
+        assert run.host_gpu_ids[0] != run.host_gpu_ids[1]
+        expected = "cuda" if torch.cuda.is_available() else "cpu"
+        assert run.host_devices == [expected, expected]
+    finally:
+        run.close()
+
+
+def test_a_killed_host_is_restarted_and_the_run_matches(ray_2_cpus_2_fake_gpus, quad_cfg_module):
+    cfg = with_overrides(quad_cfg_module, {"algorithm.name": "cobo", "rounds": 6})
+    X_l, W_l, _ = run_local(cfg, 6)
+
+    def kill_at_3(run, t):
+        if t == 3:
+            ray.kill(run.hosts[1], no_restart=False)
+
+    (X_r, W_r, _), report = run_ray(cfg, 6, between=kill_at_3)
+    assert any(e["event"] == "host_failed" and e["host"] == 1 for e in report["events"])
+    assert_close(X_r, X_l, atol=1e-5, rtol=1e-5)
+    assert_close(W_r, W_l, atol=1e-5, rtol=1e-5)
+
+
+def test_run_experiment_on_ray_writes_an_engine_report(
+    ray_2_cpus_2_fake_gpus, quad_cfg_module, tmp_path
+):
+    from raycobo.experiment import run_experiment
+
+    cfg = with_overrides(quad_cfg_module, {"algorithm.name": "cobo", "eval_every": 3})
+    res = run_experiment(cfg, tmp_path / "r")
+    local = run_experiment(with_overrides(cfg, {"engine.kind": "local"}), tmp_path / "l")
+    assert res.summary["engine"] == "ray" and res.summary["engine_report"]["hosts"] == 2
+    assert abs(res.summary["mean_loss"] - local.summary["mean_loss"]) < 1e-6
