@@ -12,6 +12,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -63,7 +64,7 @@ class PlainLoop:
     def batch(self, c: int, t: int, stream: int, salt: int = 0):
         idx = self.data.train_idx[c]
         k = torch.arange(self.batch_size)
-        pos = rng.randint(idx.numel(), self.seed, t, c, stream, salt, k)
+        pos = rng.randint(idx.numel(), self.seed, t, stream, c, salt, k)
         return self.data.train_x[idx[pos]], self.data.train_y[c][pos]
 
     def grad(self, m, xb, yb) -> list[torch.Tensor]:
@@ -126,6 +127,21 @@ class Row:
     mb_per_client: float
 
 
+class Stepper:
+    """Advances an algorithm one round per call (for timing)."""
+
+    def __init__(self, algo, ops):
+        self.algo, self.ops = algo, ops
+        self.state = algo.init(ops)
+
+    def __call__(self, t: int) -> None:
+        self.state, _ = self.algo.round(self.state, t, self.ops)
+
+
+def _loop_cobo(loop: PlainLoop, W, sampler: EdgeSampler, rho: float, t: int) -> None:
+    loop.cobo_round(t, W, sampler.sample(t), rho, 0.1)
+
+
 def rss_mb() -> float:
     """Current resident memory of this process in MiB (Linux /proc)."""
     with open("/proc/self/statm") as f:
@@ -160,13 +176,7 @@ def bench_engine(
         ops = VectorizedOps(data, model, batch_size, 0, "cpu")
         cfg = AlgorithmConfig(name="cobo", lr=0.05, rho=0.1 / n, gamma=0.1, sampling="constant")
         for name, algo in (("fedavg", FedAvg(cfg, 10**6, 0)), ("cobo", CoBo(cfg, 10**6, 0))):
-            state = algo.init(ops)
-            holder = {"s": state}
-
-            def step(t, algo=algo, holder=holder):
-                holder["s"], _ = algo.round(holder["s"], t, ops)
-
-            vec = _time(step, rounds)
+            vec = _time(Stepper(algo, ops), rounds)
             mb = max(rss_mb() - rss0, 0.0) / n  # data + stacked models + W, per client
             steps = n if name == "fedavg" else n + 2 * n * (n - 1) / 2 * min(1.0, 1.0 / n)
             loop = PlainLoop(data, model, batch_size, 0, 0.05)
@@ -175,11 +185,8 @@ def bench_engine(
             if name == "fedavg":
                 base = _time(loop.fedavg_round, max(3, rounds // 4), warmup=1)
             else:
-                base = _time(
-                    lambda t: loop.cobo_round(t, W, sampler.sample(t), 0.1 / n, 0.1),
-                    max(3, rounds // 4),
-                    warmup=1,
-                )
+                step = partial(_loop_cobo, loop, W, sampler, 0.1 / n)
+                base = _time(step, max(3, rounds // 4), warmup=1)
             for eng, sec in (("vectorized", vec), ("plain-loop", base)):
                 rows.append(Row(n, name, eng, 1e3 * sec, 1 / sec, steps / sec, base / sec, mb))
             echo(

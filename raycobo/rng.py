@@ -41,15 +41,31 @@ def fmix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _fmix32_int(x: int) -> int:
+    x &= _M32
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & _M32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & _M32
+    return x ^ (x >> 16)
+
+
 def hash_ints(*keys: torch.Tensor | int) -> torch.Tensor:
-    """Hash broadcastable integer coordinates to uniform integers in [0, 2**32)."""
-    h: torch.Tensor | None = None
+    """Hash broadcastable integer coordinates to uniform integers in [0, 2**32).
+
+    Leading plain-int keys are mixed in Python (no tensor ops), so put scalar
+    coordinates (seed, round, stream) first."""
+    h: torch.Tensor | int | None = None
     for i, k in enumerate(keys):
+        if isinstance(k, int) and not isinstance(h, torch.Tensor):
+            mixed_i = _fmix32_int((k & _M32) + 0x9E3779B9 * (i + 1))
+            h = mixed_i if h is None else _fmix32_int(h ^ mixed_i)
+            continue
         kt = torch.as_tensor(k, dtype=torch.int64)
         mixed = fmix32((kt & _M32) + 0x9E3779B9 * (i + 1))
         h = mixed if h is None else fmix32(h ^ mixed)
     assert h is not None
-    return h
+    return torch.as_tensor(h, dtype=torch.int64)
 
 
 def randint(n: torch.Tensor | int, *keys: torch.Tensor | int) -> torch.Tensor:

@@ -77,12 +77,22 @@ def alignment_scores(ops: ClientOps, X: torch.Tensor, edges: torch.Tensor, t: in
     partners = torch.cat([j, i])  # salt: each edge draws fresh batches
     G, _ = ops.grads(clients, torch.cat([Z, Z]), t, rng.ALIGN, partners)  # (2E, d)
     E = edges.shape[0]
-    return (G[:E] * G[E:]).sum(dim=1)
+    return torch.linalg.vecdot(G[:E], G[E:])
 
 
 def penalty(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """sum_k w_ik (x_i - x_k) for every i: (diag(W 1) - W) X. X: (n, d), W: (n, n)."""
     return W.sum(dim=1, keepdim=True) * X - W @ X
+
+
+def penalized_step(
+    X: torch.Tensor, G: torch.Tensor, W: torch.Tensor, lr: float, rho: float
+) -> torch.Tensor:
+    """Eq. (3) in three passes over (n, d):
+    X - lr (G + rho (diag(W 1) - W) X) = (1 - lr rho deg) X + lr rho W X - lr G."""
+    keep = 1.0 - lr * rho * W.sum(dim=1, keepdim=True)  # (n, 1)
+    out = torch.addmm(X * keep, W.to(X.dtype), X, alpha=lr * rho)  # (n, d)
+    return out.add_(G, alpha=-lr)
 
 
 class CoBo:
@@ -111,7 +121,7 @@ class CoBo:
             scores = alignment_scores(ops, X, edges, t)
             W = update_weights(W, edges, scores, c.gamma, c.domain)
         G, loss = ops.grads(all_clients(ops), X, t, rng.STEP)  # g_i at x_i^t
-        X = X - c.lr * (G + c.rho * penalty(X, W))  # Eq. (3)
+        X = penalized_step(X, G, W, c.lr, c.rho)  # Eq. (3)
         stats = {
             "train_loss": float(loss.mean()),
             "edges": float(edges.shape[0]),

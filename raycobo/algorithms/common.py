@@ -46,7 +46,7 @@ def local_sgd(
 def weighted_average(Y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sum_k weights_k Y_k / sum_k weights_k; Y: (m, d), weights: (m,) -> (d,)."""
     w = weights.to(Y.dtype)
-    return (w[:, None] * Y).sum(0) / w.sum()
+    return (w / w.sum()) @ Y  # one GEMV pass over Y
 
 
 def group_average(

@@ -36,10 +36,12 @@ def fedavg_round(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One FedAvg round from global model x (d,). Returns (new x, client losses)."""
     clients = sample_clients(ops.n_clients, cfg.client_rate, seed, t).to(x.device)
-    Y, loss = local_sgd(
-        ops, clients, x.expand(clients.numel(), -1), cfg.lr, cfg.local_steps, t, stream
-    )
     sizes = ops.data_sizes().to(x.device)[clients]
+    start = x.expand(clients.numel(), -1)  # (m, d) view, no copy
+    if cfg.local_steps == 1:  # avg_k(x - eta g_k) = x - eta avg_k(g_k): skip the m copies
+        G, loss = ops.grads(clients, start, t, stream, 0)
+        return x - cfg.lr * weighted_average(G, sizes), loss
+    Y, loss = local_sgd(ops, clients, start, cfg.lr, cfg.local_steps, t, stream)
     return weighted_average(Y, sizes), loss
 
 

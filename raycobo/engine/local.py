@@ -55,7 +55,7 @@ class ClientBatches:
         c = clients.cpu().reshape(-1, 1)
         s = torch.as_tensor(salt, dtype=torch.int64).cpu().reshape(-1, 1)
         k = torch.arange(self.batch_size).reshape(1, -1)
-        draw = rng.randint(self.sizes[c], self.seed, round, self.ids[c], stream, s, k)  # (m, B)
+        draw = rng.randint(self.sizes[c], self.seed, round, stream, self.ids[c], s, k)  # (m, B)
         return (self.offsets[c] + draw).to(self.device)
 
     def batch(
@@ -116,8 +116,12 @@ class VectorizedOps(_SupervisedBase):
         for a in range(0, m, self.chunk_size):
             yield slice(a, min(m, a + self.chunk_size))
 
-    def _loss(self, P: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        logits = self.model.forward(P, xb)  # (m, B, C)
+    def _loss(self, P, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        """Mean minibatch loss per client; P is (m, d) or a list of parameter blocks."""
+        if isinstance(P, list):
+            logits = self.model.forward_parts(P, xb)  # (m, B, C)
+        else:
+            logits = self.model.forward(P, xb)
         m, B, C = logits.shape
         per = F.cross_entropy(logits.reshape(m * B, C), yb.reshape(m * B), reduction="none")
         return per.view(m, B).mean(dim=1)  # (m,)
@@ -129,10 +133,15 @@ class VectorizedOps(_SupervisedBase):
         L = torch.empty(m, device=self.device, dtype=Z.dtype)
         for sl in self._chunks(m):
             xb, yb = self.batches.batch(clients[sl], round, stream, salts[sl])
+            if self.model.loss_grad is not None:  # fused hand-written backward
+                L[sl] = self.model.loss_grad(Z[sl].detach(), xb, yb, G[sl])
+                continue
             with torch.enable_grad():
-                P = Z[sl].detach().requires_grad_(True)
-                loss = self._loss(P, xb, yb)
-                (G[sl],) = torch.autograd.grad(loss.sum(), P)
+                parts = [p.requires_grad_(True) for p in self.model.split(Z[sl].detach())]
+                loss = self._loss(parts, xb, yb)
+                grads = torch.autograd.grad(loss.sum(), parts)
+            for (a, b), g in zip(self.model.segments, grads, strict=True):
+                G[sl, a:b] = g
             L[sl] = loss.detach()
         return G, L
 

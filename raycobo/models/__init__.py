@@ -50,7 +50,10 @@ class FunctionalModel:
     names: list[str] = field(init=False)
     shapes: list[torch.Size] = field(init=False)
     dim: int = field(init=False)
-    _batched: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # forward over per-parameter blocks [(m, numel_k)], for models with a hand-batched path
+    _batched_parts: Callable[[list[torch.Tensor], torch.Tensor], torch.Tensor] | None = None
+    # optional fused cross-entropy loss + gradient: (P, x, y, G_out) -> losses (m,)
+    loss_grad: Callable[..., torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         named = list(self.module.named_parameters())
@@ -58,6 +61,10 @@ class FunctionalModel:
         self.shapes = [p.shape for _, p in named]
         self.dim = sum(p.numel() for _, p in named)
         self._buffers = dict(self.module.named_buffers())
+        bounds = [0]
+        for shape in self.shapes:
+            bounds.append(bounds[-1] + math.prod(shape))
+        self.segments = list(zip(bounds[:-1], bounds[1:], strict=True))
 
     def init_flat(self, seed: int) -> torch.Tensor:
         """The shared initial point x^0 (d,), deterministic in ``seed``."""
@@ -82,10 +89,23 @@ class FunctionalModel:
         with torch.no_grad():
             torch.nn.utils.vector_to_parameters(flat, module.parameters())
 
+    def split(self, P: torch.Tensor) -> list[torch.Tensor]:
+        """P (m, d) -> one contiguous (m, numel_k) block per parameter tensor.
+
+        Differentiating with respect to these blocks (rather than slices of P) keeps
+        autograd from materialising an (m, d) zero gradient per parameter."""
+        return [P[:, a:b].contiguous() for a, b in self.segments]
+
+    def forward_parts(self, parts: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Logits (m, B, C) from per-parameter blocks (see ``split``)."""
+        if self._batched_parts is not None:
+            return self._batched_parts(parts, x)
+        return self.forward(torch.cat(parts, dim=1), x)
+
     def forward(self, P: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Logits (m, B, C) for parameters P (m, d) and inputs x (m, B, *input_shape)."""
-        if self._batched is not None:
-            return self._batched(P, x)
+        if self._batched_parts is not None:
+            return self._batched_parts([P[:, a:b] for a, b in self.segments], x)
 
         def one(p: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
             params = self.unflatten(p)
@@ -94,33 +114,68 @@ class FunctionalModel:
         return vmap(one)(P, x)
 
 
-def _mlp_batched(sizes: list[int]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    offsets = []
-    off = 0
-    for a, b in zip(sizes, sizes[1:], strict=False):
-        offsets.append((off, off + a * b, off + a * b + b, a, b))
-        off += a * b + b
+def _mlp_batched(sizes: list[int]) -> Callable[[list[torch.Tensor], torch.Tensor], torch.Tensor]:
+    layers = list(zip(sizes, sizes[1:], strict=False))
 
-    def forward(P: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(parts: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         m, B = x.shape[0], x.shape[1]
         h = x.reshape(m, B, -1)  # (m, B, in)
-        last = len(offsets) - 1
-        for i, (w0, b0, end, a, b) in enumerate(offsets):
-            W = P[:, w0:b0].view(m, b, a)  # (m, out, in)
-            bias = P[:, b0:end].view(m, 1, b)  # (m, 1, out)
+        for i, (a, b) in enumerate(layers):
+            W = parts[2 * i].view(m, b, a)  # (m, out, in), nn.Linear layout
+            bias = parts[2 * i + 1].view(m, 1, b)  # (m, 1, out)
             h = torch.baddbmm(bias, h, W.transpose(1, 2))  # (m, B, out)
-            if i < last:
+            if i < len(layers) - 1:
                 h = torch.relu(h)
         return h
 
     return forward
 
 
+def _mlp_loss_grad(sizes: list[int]) -> Callable[..., torch.Tensor]:
+    """Mean cross-entropy per client and its gradient, written into G (m, d) in place.
+
+    A hand-written backward for the batched MLP: every weight gradient is one batched
+    GEMM written straight into its block of G (no autograd graph, no (m, d) temporaries).
+    Checked against autograd in tests/models."""
+    layers = []
+    off = 0
+    for a, b in zip(sizes, sizes[1:], strict=False):
+        layers.append((off, off + a * b, off + a * b + b, a, b))
+        off += a * b + b
+
+    def loss_grad(P: torch.Tensor, x: torch.Tensor, y: torch.Tensor, G: torch.Tensor):
+        m, B = x.shape[0], x.shape[1]
+        acts = [x.reshape(m, B, -1)]  # inputs of each layer, (m, B, in)
+        h = acts[0]
+        for i, (w0, b0, end, a, b) in enumerate(layers):
+            W = P[:, w0:b0].view(m, b, a)  # (m, out, in)
+            h = torch.baddbmm(P[:, b0:end].view(m, 1, b), h, W.transpose(1, 2))  # (m, B, out)
+            if i < len(layers) - 1:
+                h = h.clamp_min_(0)
+                acts.append(h)
+        logp = torch.log_softmax(h, dim=-1)  # (m, B, C)
+        loss = -logp.gather(-1, y[..., None]).squeeze(-1).mean(dim=1)  # (m,)
+        delta = logp.exp_()  # dL/dlogits = (softmax - onehot) / B
+        delta.scatter_add_(-1, y[..., None], torch.full_like(delta[..., :1], -1.0))
+        delta /= B
+        for i in range(len(layers) - 1, -1, -1):
+            w0, b0, end, a, b = layers[i]
+            torch.bmm(delta.transpose(1, 2), acts[i], out=G[:, w0:b0].view(m, b, a))
+            G[:, b0:end] = delta.sum(dim=1)
+            if i > 0:
+                W = P[:, w0:b0].view(m, b, a)
+                delta = torch.bmm(delta, W) * (acts[i] > 0)  # (m, B, in)
+        return loss
+
+    return loss_grad
+
+
 def build_mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> FunctionalModel:
     in_features = math.prod(input_shape)
     module = MLP(in_features, list(cfg.hidden), num_classes)
     fm = FunctionalModel("mlp", module, tuple(input_shape), num_classes)
-    fm._batched = _mlp_batched([in_features, *cfg.hidden, num_classes])
+    fm._batched_parts = _mlp_batched([in_features, *cfg.hidden, num_classes])
+    fm.loss_grad = _mlp_loss_grad([in_features, *cfg.hidden, num_classes])
     return fm
 
 

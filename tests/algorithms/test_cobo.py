@@ -131,3 +131,15 @@ def test_example2_uneven_clusters_recover_blocks_and_optima(quad_cfg):
     assert torch.all(state.W[~same.bool()] == 0.0)
     assert_close(state.X, data.optima(), atol=0.02, rtol=0)
     assert float(evaluate(algo, state, ops).loss.max()) < 1e-3
+
+
+def test_fused_step_equals_equation_3():
+    from raycobo.algorithms.cobo import penalized_step
+
+    g = torch.Generator().manual_seed(0)
+    X, G, W = (
+        torch.randn(5, 7, generator=g),
+        torch.randn(5, 7, generator=g),
+        torch.rand(5, 5, generator=g),
+    )
+    assert_close(penalized_step(X, G, W, 0.1, 0.3), X - 0.1 * (G + 0.3 * penalty(X, W)))

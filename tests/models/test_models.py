@@ -1,0 +1,51 @@
+"""Models: batched forward equals the nn.Module; the fused MLP gradient equals autograd."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from raycobo.config import ConfigError, ModelConfig
+from raycobo.models import build_model
+
+
+@pytest.mark.parametrize("hidden", [[], [16], [32, 8]])
+def test_batched_forward_matches_module(hidden):
+    model = build_model(ModelConfig(name="mlp", hidden=hidden), (1, 8, 8), 10)
+    g = torch.Generator().manual_seed(0)
+    P = torch.randn(3, model.dim, generator=g) * 0.1
+    x = torch.randn(3, 5, 1, 8, 8, generator=g)
+    out = model.forward(P, x)
+    for k in range(3):
+        model.load_into(model.module, P[k])
+        assert_close(out[k], model.module(x[k]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("hidden", [[], [16], [32, 8]])
+def test_fused_mlp_gradient_matches_autograd(hidden):
+    model = build_model(ModelConfig(name="mlp", hidden=hidden), (1, 8, 8), 10)
+    g = torch.Generator().manual_seed(1)
+    m, B = 4, 6
+    P = torch.randn(m, model.dim, generator=g) * 0.3
+    x = torch.randn(m, B, 1, 8, 8, generator=g)
+    y = torch.randint(0, 10, (m, B), generator=g)
+    G = torch.empty_like(P)
+    loss = model.loss_grad(P, x, y, G)
+    Pa = P.clone().requires_grad_(True)
+    la = F.cross_entropy(model.forward(Pa, x).reshape(m * B, 10), y.reshape(-1), reduction="none")
+    la = la.view(m, B).mean(1)
+    (Ga,) = torch.autograd.grad(la.sum(), Pa)
+    assert_close(loss, la.detach(), atol=1e-6, rtol=1e-5)
+    assert_close(G, Ga, atol=1e-6, rtol=1e-5)
+
+
+def test_parameter_count_and_init_are_deterministic():
+    model = build_model(ModelConfig(name="mlp", hidden=[64]), (1, 28, 28), 10)
+    assert model.dim == 784 * 64 + 64 + 64 * 10 + 10  # 50,890
+    assert torch.equal(model.init_flat(3), model.init_flat(3))
+    assert not torch.equal(model.init_flat(3), model.init_flat(4))
+
+
+def test_unknown_model_names_the_key():
+    with pytest.raises(ConfigError, match="model.name"):
+        build_model(ModelConfig(name="transformer9"), (1, 8, 8), 10)
