@@ -54,10 +54,11 @@ def _guarded(debug: bool, fn, *args, **kwargs):
         _fail(str(err).splitlines()[0], code=1)
     except KeyboardInterrupt:
         _fail("interrupted; partial results were kept in the run directory", code=130)
-    except (OSError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - one line for users; --debug shows the rest
         if debug:
             raise
-        _fail(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", code=1)
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        _fail(f"{type(err).__name__}: {lines[-1] if lines else ''}"[:500], code=1)
 
 
 def _callbacks(cfg, quiet: bool, no_tracking: bool, run_name: str | None = None):
@@ -131,29 +132,9 @@ def _compare(cfg, algorithms, out, quiet, no_tracking):
         parent = MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-compare")
 
         def cbs(a):
-            return [_Nested(MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-{a}"), parent)]
+            return [MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-{a}", parent=parent)]
 
     return run_compare(cfg, algorithms, out, cbs, lambda a: _progress(a, quiet), parent)
-
-
-class _Nested:
-    """Runs a tracker as a child of the compare's parent MLflow run."""
-
-    def __init__(self, tracker, parent):
-        self.t, self.parent = tracker, parent
-
-    def on_run_start(self, ctx):
-        ctx.parent_run_id = self.parent.run_id
-        self.t.on_run_start(ctx)
-
-    def on_round_end(self, ctx, r, stats):
-        self.t.on_round_end(ctx, r, stats)
-
-    def on_eval(self, ctx, r, m):
-        self.t.on_eval(ctx, r, m)
-
-    def on_run_end(self, ctx, s):
-        self.t.on_run_end(ctx, s)
 
 
 @app.command()
@@ -219,6 +200,40 @@ def demo(
         store, exp = resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
         typer.echo(f"MLflow store:    {store}  (experiment '{exp}')")
         typer.echo(f"open it with:    {ui_command(cfg.tracking)}")
+
+    _guarded(debug, go)
+
+
+@app.command()
+def sweep(
+    space: Annotated[Path, typer.Argument(help="sweep YAML (tune_spaces/*.yaml)")],
+    overrides: Overrides = None,
+    num_samples: Annotated[int | None, typer.Option("--num-samples", help="trials")] = None,
+    smoke_test: Annotated[bool, typer.Option("--smoke-test", help="few short trials")] = False,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="sweep directory to resume")
+    ] = None,
+    out: Out = None,
+    debug: Debug = False,
+) -> None:
+    """Ray Tune sweep; every trial is an MLflow run under one parent; writes best_config.yaml."""
+
+    def go():
+        from raycobo.tune.space import load_sweep
+        from raycobo.tune.sweep import run_sweep
+
+        spec, base = load_sweep(space, overrides or [])
+        summary = run_sweep(spec, base, out, num_samples, smoke_test, resume, echo=typer.echo)
+        typer.echo(
+            f"{summary['num_trials']} trials, {summary['failed']} failed; results in {summary['root']}"
+        )
+        best = summary["best"]
+        if best is None:
+            _fail("no trial finished with the metric; see sweep_summary.json", code=1)
+        typer.echo(
+            f"best {summary['metric']}: {best['metrics'][summary['metric']]:.4g} with {best['config']}"
+        )
+        typer.echo(f"best config: {summary['best_config']}  (raycobo run {summary['best_config']})")
 
     _guarded(debug, go)
 

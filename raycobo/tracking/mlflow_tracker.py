@@ -43,8 +43,17 @@ def resolve_uri(uri: str) -> str:
 
 
 class MLflowTracker(BaseCallback):
-    def __init__(self, cfg: TrackingConfig, run_name: str | None = None, quiet: bool = False):
+    def __init__(
+        self,
+        cfg: TrackingConfig,
+        run_name: str | None = None,
+        quiet: bool = False,
+        parent: MLflowTracker | str | None = None,
+    ):
+        """``parent``: a run id, or the tracker of a parent run (compare, sweep) whose id
+        is read when this run starts."""
         self.cfg = cfg
+        self.parent = parent
         self.uri = resolve_uri(cfg.uri)
         self.run_name = run_name
         self.quiet = quiet
@@ -101,8 +110,10 @@ class MLflowTracker(BaseCallback):
                 "raycobo.algorithm": ctx.cfg.algorithm.name,
                 "raycobo.run_dir": str(ctx.run_dir.resolve()),
             }
-            if ctx.parent_run_id:
-                tags["mlflow.parentRunId"] = ctx.parent_run_id
+            parent = self.parent.run_id if isinstance(self.parent, MLflowTracker) else self.parent
+            parent = parent or ctx.parent_run_id
+            if parent:
+                tags["mlflow.parentRunId"] = parent
             run = client.create_run(exp_id, run_name=self.run_name or ctx.run_dir.name, tags=tags)
             self.client, self.run_id = client, run.info.run_id
             params = [Param(k, v) for k, v in flatten_params(ctx.cfg.to_dict()).items()]

@@ -1,0 +1,156 @@
+"""Sweep specifications (``tune_spaces/*.yaml``): a base config plus a search space.
+
+```yaml
+# raycobo sweep tune_spaces/cobo_cross_silo.yaml
+base: ../examples/quickstart.yaml     # path relative to this file, or an inline mapping
+overrides: {rounds: 300}              # dotted overrides applied to the base
+space:                                # dotted config keys -> Tune distributions
+  algorithm.rho: {loguniform: [0.01, 3.0]}
+  algorithm.gamma: {choice: [0.01, 0.1, 1.0]}
+  algorithm.sampling: {grid: [constant, time, mixed]}
+metric: mean_accuracy
+mode: max
+scheduler: {kind: asha, grace_period: 2, reduction_factor: 2}
+search: random                         # random | grid | optuna
+num_samples: 8
+max_concurrent: 2
+resources: {cpu: 1, gpu: 0}
+smoke: {rounds: 20, num_samples: 2}   # what --smoke-test uses
+```
+
+Every key of ``space`` is checked against the config schema with each value the
+distribution can take at its bounds; bad keys and bounds are one-line errors naming them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from raycobo.config import Config, ConfigError, apply_overrides, read_yaml, validate, with_overrides
+
+DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint", "quniform")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SchedulerSpec(_Strict):
+    kind: Literal["fifo", "asha"] = "fifo"
+    grace_period: int = Field(default=1, ge=1)
+    reduction_factor: float = Field(default=2.0, gt=1)
+    max_t: int | None = Field(default=None, ge=1)
+
+
+class ResourceSpec(_Strict):
+    cpu: float = Field(default=1.0, ge=0)
+    gpu: float = Field(default=0.0, ge=0)
+
+
+class SmokeSpec(_Strict):
+    rounds: int = Field(default=20, ge=1)
+    num_samples: int = Field(default=2, ge=1)
+    eval_every: int | None = Field(default=None, ge=1)
+
+
+class SweepSpec(_Strict):
+    base: str | dict[str, Any] | None = None
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    space: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    metric: str = "mean_accuracy"
+    mode: Literal["min", "max"] = "max"
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    search: Literal["random", "grid", "optuna"] = "random"
+    num_samples: int = Field(default=4, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    smoke: SmokeSpec = Field(default_factory=SmokeSpec)
+    name: str | None = None
+
+
+def _bounds_values(key: str, dist: dict[str, Any]) -> list[Any]:
+    """Validate one distribution; return the values to check against the config schema."""
+    if len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
+        raise ConfigError(
+            f"invalid sweep space 'space.{key}': give one of {', '.join(DISTRIBUTIONS)} "
+            f"(got {list(dist)})"
+        )
+    kind, arg = next(iter(dist.items()))
+    where = f"invalid sweep space 'space.{key}'"
+    if kind in ("choice", "grid"):
+        if not isinstance(arg, list) or not arg:
+            raise ConfigError(f"{where}: {kind} needs a non-empty list of values")
+        return list(arg)
+    if not isinstance(arg, list) or len(arg) != (3 if kind == "quniform" else 2):
+        raise ConfigError(f"{where}: {kind} needs [low, high{', q' if kind == 'quniform' else ''}]")
+    lo, hi = arg[0], arg[1]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in arg):
+        raise ConfigError(f"{where}: {kind} bounds must be numbers (got {arg})")
+    if not lo < hi:
+        raise ConfigError(f"{where}: {kind} needs low < high (got {arg})")
+    if kind == "loguniform" and lo <= 0:
+        raise ConfigError(f"{where}: loguniform needs 0 < low (got {arg})")
+    if kind == "randint":
+        if not (isinstance(lo, int) and isinstance(hi, int)):
+            raise ConfigError(f"{where}: randint bounds must be integers (got {arg})")
+        return [lo, hi - 1]
+    return [lo, hi]
+
+
+def load_sweep(path: str | Path, overrides: list[str] | None = None) -> tuple[SweepSpec, Config]:
+    """Read a sweep YAML, resolve and validate its base config and its search space.
+
+    ``overrides`` (dotted key=value) apply to the base config."""
+    p = Path(path)
+    tree = read_yaml(p)
+    try:
+        spec = SweepSpec.model_validate(tree)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"unknown sweep key '{loc}' in {p}") from None
+        raise ConfigError(f"invalid sweep key '{loc}' in {p}: {first['msg']}") from None
+    if isinstance(spec.base, str):
+        base_tree = read_yaml((p.parent / spec.base).resolve())
+    else:
+        base_tree = dict(spec.base or {})
+    for k, v in spec.overrides.items():
+        apply_overrides(base_tree, [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"])
+    apply_overrides(base_tree, list(overrides or []))
+    base = validate(base_tree)
+    if not spec.space:
+        raise ConfigError(f"sweep {p} has an empty 'space': nothing to search")
+    for key, dist in spec.space.items():
+        for value in _bounds_values(key, dist):
+            try:
+                with_overrides(base, {key: value})
+            except ConfigError as err:
+                raise ConfigError(f"invalid sweep space 'space.{key}': {err}") from None
+    return spec, base
+
+
+def tune_space(spec: SweepSpec) -> dict[str, Any]:
+    """The Tune param_space: dotted config keys -> Tune distributions."""
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for key, dist in spec.space.items():
+        kind, arg = next(iter(dist.items()))
+        if kind == "choice":
+            out[key] = tune.choice(arg)
+        elif kind == "grid":
+            out[key] = tune.grid_search(arg)
+        elif kind == "uniform":
+            out[key] = tune.uniform(*arg)
+        elif kind == "loguniform":
+            out[key] = tune.loguniform(*arg)
+        elif kind == "quniform":
+            out[key] = tune.quniform(*arg)
+        elif kind == "randint":
+            out[key] = tune.randint(*arg)
+    return out

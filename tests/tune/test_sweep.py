@@ -1,0 +1,124 @@
+"""Sweeps: space validation, and a real 4-trial Tune sweep tracked in MLflow."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from raycobo.cli import app
+from raycobo.config import ConfigError, load_config
+from raycobo.tune.space import load_sweep
+
+SPACE = """\
+# raycobo sweep space.yaml
+name: t
+base:
+  name: quad
+  rounds: 40
+  eval_every: 10
+  data: {{name: quadratic, dim: 4, noise: 0.05, center_scale: 3, curvature: [1, 2],
+         partition: {{clients_per_cluster: [2, 2]}}}}
+  algorithm: {{name: cobo}}
+  engine: {{num_cpus: 2}}
+space:
+{space}
+metric: mean_loss
+mode: min
+num_samples: 1
+max_concurrent: 2
+"""
+
+
+def write(tmp_path, space: str, name: str = "space.yaml"):
+    p = tmp_path / name
+    p.write_text(SPACE.format(space=space))
+    return p
+
+
+@pytest.mark.parametrize(
+    ("space", "needle"),
+    [
+        ("  algorithm.rhoo: {uniform: [0, 1]}", "space.algorithm.rhoo"),
+        ("  algorithm.rho: {uniform: [1, 0]}", "space.algorithm.rho"),
+        ("  algorithm.rho: {loguniform: [0, 1]}", "space.algorithm.rho"),
+        ("  algorithm.rho: {uniform: [-1, 1]}", "space.algorithm.rho"),
+        ("  algorithm.rho: {normal: [0, 1]}", "space.algorithm.rho"),
+        ("  algorithm.sampling: {choice: []}", "space.algorithm.sampling"),
+        ("  algorithm.sampling: {choice: [constant, never]}", "space.algorithm.sampling"),
+        ("  rounds: {randint: [1.5, 3]}", "space.rounds"),
+    ],
+)
+def test_bad_spaces_name_the_key(tmp_path, space, needle):
+    with pytest.raises(ConfigError) as info:
+        load_sweep(write(tmp_path, space))
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_sweep_keys_and_shipped_spaces(tmp_path):
+    p = write(tmp_path, "  algorithm.rho: {uniform: [0, 1]}")
+    p.write_text(p.read_text() + "schedular: asha\n")
+    with pytest.raises(ConfigError, match="schedular"):
+        load_sweep(p)
+    from pathlib import Path
+
+    for path in sorted(Path("tune_spaces").glob("*.yaml")):
+        assert path.read_text().startswith("# raycobo sweep "), path
+        spec, base = load_sweep(path)
+        assert spec.space
+
+
+def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_path):
+    """Prepare a 2 x 2 grid (one step size diverges); Execute `raycobo sweep`; Assert 4
+    MLflow trial runs under one parent with params and metric histories, the diverging
+    trials marked failed, and a best config that `raycobo run` accepts."""
+    space = "  algorithm.lr: {grid: [0.1, 40.0]}\n  algorithm.sampling: {grid: [constant, full]}"
+    path = write(tmp_path, space)
+    db = tmp_path / "mlflow.db"
+    out = tmp_path / "sweep"
+    res = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            str(path),
+            f"tracking.uri=sqlite:///{db}",
+            f"tracking.artifact_root={tmp_path / 'art'}",
+            "--out",
+            str(out),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "sweep_summary.json").read_text())
+    assert summary["num_trials"] == 4 and summary["failed"] == 2
+    failed = [t for t in summary["trials"] if t["status"] == "error"]
+    assert all(t["config"]["algorithm.lr"] == 40.0 and t["error"] for t in failed)
+    assert summary["best"]["config"]["algorithm.lr"] == 0.1
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    parent = [r for r in runs if r.info.run_id == summary["mlflow_parent_run_id"]]
+    trials = [
+        r for r in runs if r.data.tags.get("mlflow.parentRunId") == summary["mlflow_parent_run_id"]
+    ]
+    assert len(parent) == 1 and len(trials) == 4
+    for r in trials:
+        assert r.data.params["algorithm.name"] == "cobo"
+        assert r.data.params["algorithm.lr"] in ("0.1", "40.0")
+        assert len(client.get_metric_history(r.info.run_id, "mean_loss")) >= 1
+    ok = [r for r in trials if r.data.params["algorithm.lr"] == "0.1"]
+    assert all(r.info.status == "FINISHED" for r in ok)
+    assert all(len(client.get_metric_history(r.info.run_id, "mean_loss")) == 5 for r in ok)
+    assert all(r.info.status == "FAILED" for r in trials if r not in ok)
+
+    best = out / "best_config.yaml"
+    cfg = load_config(best)
+    assert cfg.algorithm.lr == 0.1
+    res = CliRunner().invoke(
+        app, ["run", str(best), "--out", str(tmp_path / "rerun"), "-q", "--no-tracking"]
+    )
+    assert res.exit_code == 0, res.output
+    rerun = json.loads((tmp_path / "rerun" / "summary.json").read_text())
+    assert rerun["mean_loss"] == pytest.approx(summary["best"]["metrics"]["mean_loss"], rel=1e-6)
