@@ -224,15 +224,13 @@ def sweep(
 
         spec, base = load_sweep(space, overrides or [])
         summary = run_sweep(spec, base, out, num_samples, smoke_test, resume, echo=typer.echo)
-        typer.echo(
-            f"{summary['num_trials']} trials, {summary['failed']} failed; results in {summary['root']}"
-        )
+        n, failed = summary["num_trials"], summary["failed"]
+        typer.echo(f"{n} trials, {failed} failed; results in {summary['root']}")
         best = summary["best"]
         if best is None:
             _fail("no trial finished with the metric; see sweep_summary.json", code=1)
-        typer.echo(
-            f"best {summary['metric']}: {best['metrics'][summary['metric']]:.4g} with {best['config']}"
-        )
+        metric = summary["metric"]
+        typer.echo(f"best {metric}: {best['metrics'][metric]:.4g} with {best['config']}")
         typer.echo(f"best config: {summary['best_config']}  (raycobo run {summary['best_config']})")
 
     _guarded(debug, go)
