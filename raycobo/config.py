@@ -33,6 +33,10 @@ class PartitionConfig(_Section):
     classes_per_group: int | None = Field(default=None, ge=1)
     shards_per_class: int = Field(default=2, ge=1)
     classes_per_client: int = Field(default=2, ge=1)
+    # partitions without ground-truth clusters (dirichlet)
+    num_clients: int | None = Field(default=None, ge=1)
+    # partitions that split each client's own samples into train/test
+    test_split: float = Field(default=0.2, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _sizes(self) -> PartitionConfig:
@@ -60,6 +64,7 @@ class DataConfig(_Section):
     # fraction of the test split used for evaluation (per cluster)
     test_fraction: float = Field(default=1.0, gt=0, le=1)
     augment: bool = False
+    num_samples: int | None = Field(default=None, ge=10, description="mnist1d size")
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     # quadratic task (CoBo Example 2)
     dim: int = Field(default=10, ge=1)
@@ -79,6 +84,7 @@ class DataConfig(_Section):
 class ModelConfig(_Section):
     name: str = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [64])
+    norm: Literal["group", "batch", "none"] = "group"  # resnet9
 
 
 Sampling = Literal["constant", "time", "mixed", "full"]

@@ -8,12 +8,21 @@ from raycobo.config import Config, ConfigError, DataConfig
 from raycobo.data.base import FederatedData, RawDataset
 from raycobo.data.partition import PARTITIONS, partition
 from raycobo.data.quadratic import QuadraticProblem, make_quadratic
-from raycobo.data.vision import fashion_mnist_available, load_digits, load_fashion_mnist
+from raycobo.data.vision import (
+    fashion_mnist_available,
+    load_cifar,
+    load_digits,
+    load_fashion_mnist,
+    load_mnist1d,
+)
 
 # supervised datasets: (data config, seed) -> centralized dataset
 DATASETS: dict[str, Callable[[DataConfig, int], RawDataset]] = {
     "digits": load_digits,
     "fashion_mnist": lambda cfg, seed: load_fashion_mnist(cfg),
+    "cifar10": lambda cfg, seed: load_cifar(cfg, "cifar10"),
+    "cifar100": lambda cfg, seed: load_cifar(cfg, "cifar100"),
+    "mnist1d": load_mnist1d,
 }
 SYNTHETIC = {"quadratic"}
 

@@ -23,6 +23,7 @@ class Partition:
     test_y: list[torch.Tensor]
     clusters: list[int | None]
     num_classes: int
+    test_from_train: bool = False  # test indices point into the training pool
 
 
 def _distinct_permutations(k: int, c: int, g: torch.Generator) -> list[torch.Tensor]:
@@ -79,8 +80,186 @@ def label_permutation(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
     return out
 
 
+def _cluster_test(raw: RawDataset, classes: torch.Tensor, cfg: DataConfig, g: torch.Generator):
+    """Test samples of ``classes`` (a ``test_fraction`` of them, seeded)."""
+    sel = torch.nonzero(torch.isin(raw.test_y, classes)).flatten()
+    keep = max(1, int(round(cfg.test_fraction * sel.numel())))
+    return sel[torch.randperm(sel.numel(), generator=g)[:keep]].sort().values
+
+
+def disjoint_classes(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
+    """CoBo Section 4.2 (cross-device): cluster k owns its own C/K classes (10 of CIFAR-100's
+    100 for 10 clusters); its training samples (``data.fraction`` of them) are split
+    uniformly at random among its clients; labels are remapped to 0..C/K-1 within the
+    cluster, so every model has C/K outputs. Sizes may be uneven, e.g. the paper's
+    [6, 6, 7, 7, 8, 8, 9, 9, 10, 10]."""
+    sizes = cfg.partition.cluster_sizes()
+    K, C = len(sizes), raw.num_classes
+    if K > C:
+        raise ConfigError(
+            f"invalid config key 'data.partition.clients_per_cluster': {K} clusters need at "
+            f"least {K} classes, the dataset has {C}"
+        )
+    per = C // K
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(C, generator=g)
+    out = Partition([], [], [], [], [], per)
+    for k, size in enumerate(sizes):
+        classes = order[k * per : (k + 1) * per]
+        remap = torch.full((C,), -1, dtype=torch.int64)
+        remap[classes] = torch.arange(per)
+        pool = torch.nonzero(torch.isin(raw.train_y, classes)).flatten()
+        pool = pool[torch.randperm(pool.numel(), generator=g)]
+        pool = pool[: int(round(cfg.fraction * pool.numel()))]
+        if pool.numel() < size:
+            raise ConfigError(
+                f"invalid config key 'data.fraction': cluster {k} has {pool.numel()} samples "
+                f"for {size} clients"
+            )
+        test = _cluster_test(raw, classes, cfg, g)
+        for part in torch.tensor_split(pool, size):
+            part = part.sort().values
+            out.train_idx.append(part)
+            out.train_y.append(remap[raw.train_y[part]])
+            out.test_idx.append(test)
+            out.test_y.append(remap[raw.test_y[test]])
+            out.clusters.append(k)
+    return out
+
+
+def _own_split(samples: torch.Tensor, split: float, g: torch.Generator):
+    """Split one client's samples into train/test (test share ``split``, at least one each)."""
+    samples = samples[torch.randperm(samples.numel(), generator=g)]
+    n_test = min(max(1, int(round(split * samples.numel()))), samples.numel() - 1)
+    return samples[n_test:].sort().values, samples[:n_test].sort().values
+
+
+def _from_client_samples(
+    raw: RawDataset,
+    per_client: list[torch.Tensor],
+    clusters: list[int | None],
+    cfg: DataConfig,
+    g: torch.Generator,
+) -> Partition:
+    """Partitions whose clients own samples of the training pool, split 80/20 (by default)
+    into their train and test data; features stay in one pool (test_x is train_x)."""
+    out = Partition([], [], [], [], [], raw.num_classes, test_from_train=True)
+    for c, samples in enumerate(per_client):
+        if samples.numel() < 2:
+            raise ConfigError(
+                f"invalid config key 'data.partition': client {c} gets {samples.numel()} "
+                "samples, too few for a train/test split"
+            )
+        tr, te = _own_split(samples, cfg.partition.test_split, g)
+        out.train_idx.append(tr)
+        out.train_y.append(raw.train_y[tr])
+        out.test_idx.append(te)
+        out.test_y.append(raw.train_y[te])
+        out.clusters.append(clusters[c])
+    return out
+
+
+def label_groups(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
+    """FedeRiCo Section 3.1: the classes are split into groups with disjoint label sets
+    (one group per cluster, ``classes_per_group`` each, default C/K); each client draws
+    its data from its group's samples (``data.fraction`` of them, split evenly among the
+    group's clients); every client's samples are split 80/20 into train/test. Labels keep
+    their global ids."""
+    sizes = cfg.partition.cluster_sizes()
+    K, C = len(sizes), raw.num_classes
+    per = cfg.partition.classes_per_group or C // K
+    if K * per > C or per < 1:
+        raise ConfigError(
+            f"invalid config key 'data.partition.classes_per_group': {K} groups of {per} "
+            f"classes need {K * per} classes, the dataset has {C}"
+        )
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(C, generator=g)
+    per_client, clusters = [], []
+    for k, size in enumerate(sizes):
+        classes = order[k * per : (k + 1) * per]
+        pool = torch.nonzero(torch.isin(raw.train_y, classes)).flatten()
+        pool = pool[torch.randperm(pool.numel(), generator=g)]
+        pool = pool[: int(round(cfg.fraction * pool.numel()))]
+        for part in torch.tensor_split(pool, size):
+            per_client.append(part)
+            clusters.append(k)
+    return _from_client_samples(raw, per_client, clusters, cfg, g)
+
+
+def shards(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
+    """L2C Figure 2: M classes with P shards each (``shards_per_class``); K = M*P/N tasks
+    of N random distinct classes (``classes_per_client``) with one shard per class. A
+    task's cluster is its class set when tasks share identical sets, else null."""
+    M, P, N = raw.num_classes, cfg.partition.shards_per_class, cfg.partition.classes_per_client
+    if N > M:
+        raise ConfigError(
+            f"invalid config key 'data.partition.classes_per_client': {N} > {M} classes"
+        )
+    if (M * P) % N:
+        raise ConfigError(
+            f"invalid config key 'data.partition.shards_per_class': {M} classes x {P} shards "
+            f"do not divide into tasks of {N} classes"
+        )
+    K = M * P // N
+    g = torch.Generator().manual_seed(seed)
+    shard_of: dict[int, list[torch.Tensor]] = {}
+    for c in range(M):
+        idx = torch.nonzero(raw.train_y == c).flatten()
+        idx = idx[torch.randperm(idx.numel(), generator=g)]
+        idx = idx[: int(round(cfg.fraction * idx.numel()))]
+        shard_of[c] = list(torch.tensor_split(idx, P))
+    # deal each class's P shards to K tasks so that no task gets a class twice
+    for _ in range(1000):
+        deck = torch.arange(M).repeat_interleave(P)[torch.randperm(M * P, generator=g)]
+        tasks = deck.view(K, N)
+        if all(t.unique().numel() == N for t in tasks):
+            break
+    else:
+        raise ConfigError("invalid config key 'data.partition': could not deal distinct shards")
+    used = dict.fromkeys(range(M), 0)
+    per_client, sets = [], []
+    for t in tasks.tolist():
+        parts = []
+        for c in t:
+            parts.append(shard_of[c][used[c]])
+            used[c] += 1
+        per_client.append(torch.cat(parts))
+        sets.append(tuple(sorted(t)))
+    ids = {s: i for i, s in enumerate(dict.fromkeys(sets))}
+    clusters = [ids[s] if sets.count(s) > 1 else None for s in sets]
+    if any(c is None for c in clusters):
+        clusters = [None] * K
+    return _from_client_samples(raw, per_client, clusters, cfg, g)
+
+
+def dirichlet(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
+    """Label skew: each class's samples are split among ``num_clients`` clients with
+    proportions ~ Dirichlet(alpha) (smaller alpha, more skew). No ground-truth clusters."""
+    import numpy as np
+
+    n = cfg.partition.num_clients or sum(cfg.partition.cluster_sizes())
+    g = torch.Generator().manual_seed(seed)
+    rs = np.random.default_rng(seed)
+    buckets: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    for c in range(raw.num_classes):
+        idx = torch.nonzero(raw.train_y == c).flatten()
+        idx = idx[torch.randperm(idx.numel(), generator=g)]
+        idx = idx[: int(round(cfg.fraction * idx.numel()))]
+        props = torch.from_numpy(rs.dirichlet([cfg.partition.alpha] * n))
+        cuts = (torch.cumsum(props, 0) * idx.numel()).round().long()[:-1]
+        for k, part in enumerate(torch.tensor_split(idx, cuts)):
+            buckets[k].append(part)
+    per_client = [torch.cat(b) for b in buckets]
+    return _from_client_samples(raw, per_client, [None] * n, cfg, g)
+
+
 PARTITIONS: dict[str, Callable[[RawDataset, DataConfig, int], Partition]] = {
     "label_permutation": label_permutation,
+    "disjoint_classes": disjoint_classes,
+    "label_groups": label_groups,
+    "shards": shards,
+    "dirichlet": dirichlet,
 }
 
 
@@ -96,7 +275,7 @@ def partition(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedData:
     return FederatedData(
         name=raw.name,
         train_x=raw.train_x,
-        test_x=raw.test_x,
+        test_x=raw.train_x if p.test_from_train else raw.test_x,
         train_idx=p.train_idx,
         train_y=p.train_y,
         test_idx=p.test_idx,

@@ -93,3 +93,81 @@ def load_digits(cfg: DataConfig, seed: int) -> RawDataset:
     n_test = len(y) // 5
     te, tr = perm[:n_test], perm[n_test:]
     return RawDataset("digits", x[tr], y[tr], x[te], y[te], 10)
+
+
+CIFAR_STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+CIFAR_LAYOUT = {
+    # dataset: (folder, train files, test file, label key, classes)
+    "cifar10": (
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)],
+        "test_batch",
+        "labels",
+        10,
+    ),
+    "cifar100": ("cifar-100-python", ["train"], "test", "fine_labels", 100),
+}
+
+
+def _read_cifar_pickle(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    import pickle
+
+    with path.open("rb") as f:
+        entry = pickle.load(f, encoding="latin1")
+    data = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+    return data, np.asarray(entry[label_key], dtype=np.int64)
+
+
+def load_cifar(cfg: DataConfig, name: str) -> RawDataset:
+    """CIFAR-10/100 from torchvision's on-disk layout (the python pickles) under
+    ``data.root``; ``data.download: true`` fetches them with torchvision first."""
+    folder, train_files, test_file, label_key, classes = CIFAR_LAYOUT[name]
+    root = Path(cfg.root or "data")
+    base = root / folder
+    if not base.is_dir() and cfg.download:
+        import torchvision
+
+        ds = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+        ds(str(root), train=True, download=True)
+    missing = [f for f in [*train_files, test_file] if not (base / f).is_file()]
+    if missing:
+        raise ConfigError(
+            f"{name} files {', '.join(missing)} not found under {base} (data.root): "
+            "put torchvision's python-version archive there, or set data.download=true"
+        )
+    parts = [_read_cifar_pickle(base / f, label_key) for f in train_files]
+    train_x = np.concatenate([p[0] for p in parts])
+    train_y = np.concatenate([p[1] for p in parts])
+    test_x, test_y = _read_cifar_pickle(base / test_file, label_key)
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in CIFAR_STATS[name])
+
+    def images(a: np.ndarray) -> torch.Tensor:
+        return (torch.from_numpy(a).float() / 255.0 - mean) / std
+
+    return RawDataset(
+        name,
+        images(train_x),
+        torch.from_numpy(train_y),
+        images(test_x),
+        torch.from_numpy(test_y),
+        classes,
+    )
+
+
+def load_mnist1d(cfg: DataConfig, seed: int) -> RawDataset:
+    """mnist1d generated locally with the package's ``make_dataset`` (never its download
+    path, which also writes into the working directory)."""
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples = cfg.num_samples or 5000
+    args.seed = seed
+    d = make_dataset(args)
+    x = torch.from_numpy(np.asarray(d["x"], dtype=np.float32)).unsqueeze(1)  # (N, 1, 40)
+    xt = torch.from_numpy(np.asarray(d["x_test"], dtype=np.float32)).unsqueeze(1)
+    y = torch.from_numpy(np.asarray(d["y"], dtype=np.int64))
+    yt = torch.from_numpy(np.asarray(d["y_test"], dtype=np.int64))
+    return RawDataset("mnist1d", x, y, xt, yt, 10)

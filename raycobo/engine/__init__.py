@@ -25,8 +25,9 @@ def make_local_ops(cfg: Config, data: FederatedData | QuadraticProblem) -> Clien
     from raycobo.engine.local import LoopOps, VectorizedOps
 
     model = build_model(cfg.model, data.input_shape, data.num_classes)
+    aug = cfg.data.augment
     if cfg.engine.kind == "loop":
-        return LoopOps(data, model, cfg.batch_size, cfg.seed, device)
+        return LoopOps(data, model, cfg.batch_size, cfg.seed, device, augment=aug)
     return VectorizedOps(
-        data, model, cfg.batch_size, cfg.seed, device, chunk_size=cfg.engine.chunk_size
+        data, model, cfg.batch_size, cfg.seed, device, chunk_size=cfg.engine.chunk_size, augment=aug
     )

@@ -32,8 +32,10 @@ class ClientBatches:
         seed: int,
         device: torch.device,
         client_ids: torch.Tensor | None = None,
+        augment: bool = False,
     ):
         self.seed = seed
+        self.augment = augment and data.train_x.dim() == 4
         # global ids used in the hash, so a host of a subset draws the same batches
         n = data.n_clients
         self.ids = torch.arange(n) if client_ids is None else torch.as_tensor(client_ids)
@@ -62,7 +64,15 @@ class ClientBatches:
         self, clients: torch.Tensor, round: int, stream: int, salt: torch.Tensor | int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         pos = self.positions(clients, round, stream, salt)
-        return self.x[self.rows[pos]], self.labels[pos]  # (m, B, ...), (m, B)
+        xb = self.x[self.rows[pos]]  # (m, B, ...)
+        if self.augment:
+            from raycobo.data.augment import crop_flip
+
+            c = self.ids[clients.cpu()].reshape(-1, 1)
+            s = torch.as_tensor(salt, dtype=torch.int64).cpu().reshape(-1, 1)
+            k = torch.arange(self.batch_size).reshape(1, -1)
+            xb = crop_flip(xb, (self.seed, round, stream, c, s, k))
+        return xb, self.labels[pos]  # (m, B, ...), (m, B)
 
 
 def _salts(salt: torch.Tensor | int, m: int) -> torch.Tensor:
@@ -79,6 +89,7 @@ class _SupervisedBase:
         seed: int,
         device: str | torch.device = "cpu",
         client_ids: torch.Tensor | None = None,
+        augment: bool = False,
     ):
         self.data = data
         self.model = model
@@ -87,7 +98,7 @@ class _SupervisedBase:
         self.n_clients = data.n_clients
         self.dim = model.dim
         self.clusters = list(data.clusters)
-        self.batches = ClientBatches(data, batch_size, seed, self.device, client_ids)
+        self.batches = ClientBatches(data, batch_size, seed, self.device, client_ids, augment)
         self._x0 = model.init_flat(seed).to(self.device)
         self._sizes = self.batches.sizes.to(torch.float32).to(self.device)
         self.test_x = data.test_x.to(self.device)

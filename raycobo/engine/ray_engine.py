@@ -100,6 +100,7 @@ class ClientHostImpl:
                 self.device,
                 client_ids=ids,
                 chunk_size=cfg.engine.chunk_size,
+                augment=cfg.data.augment,
             )
         del data
 

@@ -179,8 +179,36 @@ def build_mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) 
     return fm
 
 
+def _conv(name: str) -> Callable[[ModelConfig, tuple[int, ...], int], FunctionalModel]:
+    def build(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> FunctionalModel:
+        from raycobo.models.vision import CNN, CNN1d, ResNet9
+
+        shape = tuple(input_shape)
+        if name == "cnn1d":
+            if len(shape) != 2:
+                raise ConfigError(
+                    f"invalid config key 'model.name': cnn1d needs 1-D inputs, got {shape}"
+                )
+            module = CNN1d(shape, num_classes)
+        else:
+            if len(shape) != 3 or shape[1] % 4 or shape[2] % 4:
+                raise ConfigError(
+                    f"invalid config key 'model.name': {name} needs CxHxW images with H, W "
+                    f"divisible by 4, got {shape}"
+                )
+            module = (
+                CNN(shape, num_classes) if name == "cnn" else ResNet9(shape, num_classes, cfg.norm)
+            )
+        return FunctionalModel(name, module, shape, num_classes)
+
+    return build
+
+
 MODELS: dict[str, Callable[[ModelConfig, tuple[int, ...], int], FunctionalModel]] = {
     "mlp": build_mlp,
+    "cnn": _conv("cnn"),
+    "cnn1d": _conv("cnn1d"),
+    "resnet9": _conv("resnet9"),
 }
 
 

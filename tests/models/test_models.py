@@ -49,3 +49,28 @@ def test_parameter_count_and_init_are_deterministic():
 def test_unknown_model_names_the_key():
     with pytest.raises(ConfigError, match="model.name"):
         build_model(ModelConfig(name="transformer9"), (1, 8, 8), 10)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "classes", "count"),
+    [
+        ("cnn", (1, 28, 28), 10, 454_922),
+        ("cnn", (3, 32, 32), 10, 579_402),
+        ("resnet9", (3, 32, 32), 100, 6_619_300),
+        ("cnn1d", (1, 40), 10, 5_210),
+    ],
+)
+def test_conv_models_shapes_and_parameter_counts(name, shape, classes, count):
+    model = build_model(ModelConfig(name=name), shape, classes)
+    assert model.dim == count
+    P = model.init_flat(0).expand(2, -1).clone()
+    x = torch.randn(2, 3, *shape)
+    out = model.forward(P, x)
+    assert out.shape == (2, 3, classes)
+    model.load_into(model.module, P[1])
+    assert_close(out[1], model.module(x[1]), atol=1e-4, rtol=1e-4)
+
+
+def test_bad_input_shape_for_conv_models():
+    with pytest.raises(ConfigError, match="model.name"):
+        build_model(ModelConfig(name="cnn"), (1, 40), 10)

@@ -1,0 +1,245 @@
+"""Every partition's invariants on small synthetic data."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from raycobo.config import ConfigError, load_config
+from raycobo.data import load_data
+from raycobo.data.base import RawDataset
+from raycobo.data.partition import partition
+
+
+def raw(classes=10, per_class=40, test_per_class=10) -> RawDataset:
+    y = torch.arange(classes).repeat_interleave(per_class)
+    yt = torch.arange(classes).repeat_interleave(test_per_class)
+    x = torch.randn(len(y), 1, 4, 4)
+    xt = torch.randn(len(yt), 1, 4, 4)
+    return RawDataset("toy", x, y, xt, yt, classes)
+
+
+def cfg_with(*over):
+    return load_config(None, ["data.name=digits", *over]).data
+
+
+def test_disjoint_classes_uneven_sizes_and_remapped_labels():
+    r = raw()
+    d = partition(
+        r,
+        cfg_with(
+            "data.partition.kind=disjoint_classes",
+            "data.fraction=1",
+            "data.partition.clients_per_cluster=[1,2,3,2,2]",
+        ),
+        seed=0,
+    )
+    assert d.clusters == [0, 1, 1, 2, 2, 2, 3, 3, 4, 4]
+    assert d.num_classes == 2  # 10 classes / 5 clusters, remapped to 0..1
+    owned = {}
+    for c, k in enumerate(d.clusters):
+        orig = set(r.train_y[d.train_idx[c]].tolist())
+        owned.setdefault(k, set()).update(orig)
+        assert set(d.train_y[c].tolist()) <= {0, 1}
+        assert set(r.test_y[d.test_idx[c]].tolist()) <= orig | owned[k]
+    sets = list(owned.values())
+    assert all(len(s) == 2 for s in sets)
+    assert all(not (a & b) for i, a in enumerate(sets) for b in sets[i + 1 :])  # disjoint
+    for k in range(5):  # a cluster's data is split disjointly and completely
+        members = [c for c, kk in enumerate(d.clusters) if kk == k]
+        idx = torch.cat([d.train_idx[c] for c in members])
+        assert idx.unique().numel() == idx.numel() == 80
+
+
+def test_label_groups_disjoint_labels_and_80_20():
+    r = raw()
+    d = partition(
+        r,
+        cfg_with(
+            "data.partition.kind=label_groups",
+            "data.fraction=1",
+            "data.partition.num_clusters=5",
+            "data.partition.clients_per_cluster=2",
+        ),
+        0,
+    )
+    assert d.n_clients == 10
+    for c in range(10):
+        tr, te = d.train_idx[c], d.test_idx[c]
+        assert not set(tr.tolist()) & set(te.tolist())
+        assert abs(te.numel() / (tr.numel() + te.numel()) - 0.2) < 0.05
+        assert torch.equal(d.train_y[c], r.train_y[tr]) and torch.equal(d.test_y[c], r.train_y[te])
+    assert d.test_x is d.train_x
+    labels = [set(d.train_y[c].tolist()) for c in range(10)]
+    for i in range(10):
+        for j in range(10):
+            same = d.clusters[i] == d.clusters[j]
+            assert (labels[i] == labels[j]) if same else not (labels[i] & labels[j])
+
+
+def test_shards_give_n_distinct_classes_and_every_shard_once():
+    r = raw(classes=10, per_class=40)
+    d = partition(
+        r,
+        cfg_with(
+            "data.partition.kind=shards",
+            "data.fraction=1",
+            "data.partition.shards_per_class=3",
+            "data.partition.classes_per_client=5",
+        ),
+        0,
+    )
+    assert d.n_clients == 10 * 3 // 5
+    all_idx = torch.cat([torch.cat([d.train_idx[c], d.test_idx[c]]) for c in range(d.n_clients)])
+    assert all_idx.unique().numel() == all_idx.numel() == 400  # each sample in one shard
+    for c in range(d.n_clients):
+        own = torch.cat([d.train_idx[c], d.test_idx[c]])
+        assert len(set(r.train_y[own].tolist())) == 5
+
+
+def test_dirichlet_covers_the_data_and_skews_with_small_alpha():
+    r = raw(per_class=100)
+    skew = partition(
+        r,
+        cfg_with(
+            "data.partition.kind=dirichlet",
+            "data.partition.num_clients=5",
+            "data.partition.alpha=0.05",
+            "data.fraction=1",
+        ),
+        0,
+    )
+    even = partition(
+        r,
+        cfg_with(
+            "data.partition.kind=dirichlet",
+            "data.partition.num_clients=5",
+            "data.partition.alpha=100",
+            "data.fraction=1",
+        ),
+        0,
+    )
+    for d in (skew, even):
+        assert d.clusters == [None] * 5
+        total = sum(t.numel() for t in d.train_idx) + sum(t.numel() for t in d.test_idx)
+        assert total == 1000
+
+    def entropy(d):
+        ent = []
+        for c in range(5):
+            counts = torch.bincount(d.train_y[c], minlength=10).float() + 1e-9
+            p = counts / counts.sum()
+            ent.append(float(-(p * p.log()).sum()))
+        return np.mean(ent)
+
+    assert entropy(skew) < entropy(even) - 0.5
+
+
+@pytest.mark.parametrize(
+    ("over", "key"),
+    [
+        (
+            [
+                "data.partition.kind=disjoint_classes",
+                "data.partition.clients_per_cluster=[1,1,1,1,1,1,1,1,1,1,1]",
+            ],
+            "data.partition.clients_per_cluster",
+        ),
+        (
+            [
+                "data.partition.kind=shards",
+                "data.partition.shards_per_class=3",
+                "data.partition.classes_per_client=4",
+            ],
+            "data.partition.shards_per_class",
+        ),
+        (
+            ["data.partition.kind=shards", "data.partition.classes_per_client=11"],
+            "data.partition.classes_per_client",
+        ),
+        (
+            ["data.partition.kind=label_groups", "data.partition.classes_per_group=6"],
+            "data.partition.classes_per_group",
+        ),
+    ],
+)
+def test_impossible_partitions_name_the_key(over, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        partition(raw(), cfg_with(*over), 0)
+
+
+def write_cifar(root, name: str, n_train: int = 20, n_test: int = 10):
+    """Tiny files in torchvision's on-disk format (python pickles)."""
+    rs = np.random.default_rng(0)
+    if name == "cifar10":
+        base = root / "cifar-10-batches-py"
+        base.mkdir(parents=True)
+        for i in range(1, 6):
+            entry = {
+                "data": rs.integers(0, 255, (n_train, 3072), dtype=np.uint8),
+                "labels": list(rs.integers(0, 10, n_train)),
+                "batch_label": f"batch {i}",
+            }
+            (base / f"data_batch_{i}").write_bytes(pickle.dumps(entry))
+        test = {
+            "data": rs.integers(0, 255, (n_test, 3072), dtype=np.uint8),
+            "labels": list(rs.integers(0, 10, n_test)),
+        }
+        (base / "test_batch").write_bytes(pickle.dumps(test))
+    else:
+        base = root / "cifar-100-python"
+        base.mkdir(parents=True)
+        for split, n in (("train", n_train * 5), ("test", n_test)):
+            entry = {
+                "data": rs.integers(0, 255, (n, 3072), dtype=np.uint8),
+                "fine_labels": list(rs.integers(0, 100, n)),
+                "coarse_labels": list(rs.integers(0, 20, n)),
+            }
+            (base / split).write_bytes(pickle.dumps(entry))
+
+
+@pytest.mark.parametrize(("name", "classes"), [("cifar10", 10), ("cifar100", 100)])
+def test_cifar_loaders_read_the_real_format(tmp_path, name, classes):
+    write_cifar(tmp_path, name)
+    cfg = load_config(
+        None,
+        [
+            f"data.name={name}",
+            f"data.root={tmp_path}",
+            "data.fraction=1",
+            "data.partition.num_clusters=2",
+            "data.partition.clients_per_cluster=2",
+        ],
+    )
+    d = load_data(cfg)
+    assert d.train_x.shape == (100, 3, 32, 32) and d.test_x.shape == (10, 3, 32, 32)
+    assert abs(float(d.train_x.mean())) < 0.5  # normalised
+    assert d.num_classes == classes and d.n_clients == 4
+
+
+def test_cifar_missing_files_name_the_path(tmp_path):
+    cfg = load_config(None, ["data.name=cifar10", f"data.root={tmp_path}"])
+    with pytest.raises(ConfigError) as info:
+        load_data(cfg)
+    assert "cifar-10-batches-py" in str(info.value) and "data.root" in str(info.value)
+
+
+def test_mnist1d_is_generated_locally(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["data.name=mnist1d", "data.num_samples=500"])
+    d = load_data(cfg)
+    assert d.input_shape == (1, 40) and d.num_classes == 10
+    assert list(tmp_path.iterdir()) == []  # nothing written to the working directory
+
+
+def test_augmentation_is_deterministic_and_preserves_shape():
+    from raycobo.data.augment import crop_flip
+
+    x = torch.randn(2, 3, 3, 8, 8)
+    keys = (0, 1, 2, torch.arange(2).view(2, 1), 0, torch.arange(3).view(1, 3))
+    a, b = crop_flip(x, keys, pad=2), crop_flip(x, keys, pad=2)
+    assert a.shape == x.shape and torch.equal(a, b)
+    assert not torch.equal(a, x)
