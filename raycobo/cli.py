@@ -111,17 +111,19 @@ def _print_table(rows) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="results (final round, mean over clients)")
+    t = Table(title="results (final round, mean over clients and seeds)")
     for col in ("algorithm", "accuracy (%)", "loss", "Imp. vs local (%)", "wall (s)"):
         t.add_column(col, justify="right" if col != "algorithm" else "left")
     for r in rows:
         acc = "-" if r["mean_accuracy"] is None else f"{100 * r['mean_accuracy']:.2f}"
+        if r["mean_accuracy"] is not None and len(r.get("seeds", [])) > 1:
+            acc += f" ± {100 * r['std_accuracy']:.2f}"
         imp = "-" if r["improved_vs_local"] is None else f"{r['improved_vs_local']:.0f}"
         t.add_row(r["algorithm"], acc, f"{r['mean_loss']:.4f}", imp, f"{r['wall_seconds']:.1f}")
     Console().print(t)
 
 
-def _compare(cfg, algorithms, out, quiet, no_tracking):
+def _compare(cfg, algorithms, out, quiet, no_tracking, seeds=None):
     from raycobo.compare import run_compare
 
     parent = None
@@ -134,7 +136,7 @@ def _compare(cfg, algorithms, out, quiet, no_tracking):
         def cbs(a):
             return [MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-{a}", parent=parent)]
 
-    return run_compare(cfg, algorithms, out, cbs, lambda a: _progress(a, quiet), parent)
+    return run_compare(cfg, algorithms, out, cbs, lambda a: _progress(a, quiet), parent, seeds)
 
 
 @app.command()
@@ -145,23 +147,30 @@ def compare(
         str | None,
         typer.Option("--algorithms", "-a", help="comma-separated, e.g. local,fedavg,cobo"),
     ] = None,
+    seeds: Annotated[
+        str | None, typer.Option("--seeds", help="comma-separated seeds, e.g. 0,1,2")
+    ] = None,
     out: Out = None,
     quiet: Quiet = False,
     debug: Debug = False,
     no_tracking: NoTrack = False,
 ) -> None:
-    """Run several algorithms on the same data and seed; print and write a table."""
+    """Run several algorithms on the same data and seeds; table, plots and an HTML report."""
 
     def go():
         cfg = load_config(config, overrides or [])
+        try:
+            seed_list = [int(x) for x in seeds.split(",") if x.strip()] if seeds else None
+        except ValueError:
+            raise ConfigError(f"--seeds must be comma-separated integers, got '{seeds}'") from None
         algos = (
             [a.strip() for a in algorithms.split(",") if a.strip()]
             if algorithms
             else list(cfg.compare.algorithms)
         )
-        root, rows, _ = _compare(cfg, algos, out, quiet, no_tracking)
+        root, rows, _ = _compare(cfg, algos, out, quiet, no_tracking, seed_list)
         _print_table(rows)
-        typer.echo(f"comparison: {root}/comparison.md  plots: {root}/plots/")
+        typer.echo(f"comparison: {root}/comparison.md  report: {root}/report.html")
 
     _guarded(debug, go)
 
@@ -195,7 +204,7 @@ def demo(
         root, rows, results = _compare(cfg, list(cfg.compare.algorithms), out, quiet, False)
         _print_table(rows)
         typer.echo(f"run directories: {root}/<algorithm>/   (summary.json, metrics.csv, plots/)")
-        typer.echo(f"comparison:      {root}/comparison.md")
+        typer.echo(f"comparison:      {root}/comparison.md   report: {root}/report.html")
         typer.echo(f"plots:           {root}/plots/curves.png, {root}/plots/collaboration.png")
         store, exp = resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
         typer.echo(f"MLflow store:    {store}  (experiment '{exp}')")

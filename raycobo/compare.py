@@ -1,9 +1,25 @@
-"""Run several algorithms on the same data setting and seed, and put them side by side."""
+"""``raycobo compare``: several algorithms on the same data setting and seeds, side by side.
+
+For every entry (an algorithm name, or a label of ``compare.variants``) and every seed it
+runs ``run_experiment`` into ``OUT/<entry>/`` (one seed) or ``OUT/<entry>/seed<k>/``, then
+writes, in OUT:
+
+- ``comparison.md|csv|json`` -- a table like CoBo's Table 2: mean accuracy +- std over
+  seeds, loss, Imp.(%) (share of clients beating Local, seed for seed), the fairness
+  numbers of L2C's Table 3 (mean accuracy of the worst 10 % / 20 % of clients, std across
+  clients), and the rounds to reach ``compare.target_accuracy``;
+- ``plots/curves.png`` (accuracy and loss against rounds, mean +- std over seeds),
+  ``plots/collaboration.png`` (W of every method at chosen rounds, side by side),
+  ``plots/client_accuracy.png`` (per-client accuracy distribution);
+- ``report.html`` -- the table, the plots and the resolved configs on one page.
+"""
 
 from __future__ import annotations
 
 import csv
+import html
 import json
+import math
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -15,13 +31,31 @@ from raycobo.callbacks import Callback, RunContext
 from raycobo.config import Config, ConfigError, with_overrides
 from raycobo.experiment import Result, run_experiment
 
-TABLE_COLUMNS = ["algorithm", "mean_accuracy", "mean_loss", "improved_vs_local", "wall_seconds"]
+TABLE_COLUMNS = [
+    "algorithm",
+    "seeds",
+    "mean_accuracy",
+    "std_accuracy",
+    "mean_loss",
+    "improved_vs_local",
+    "worst10_accuracy",
+    "worst20_accuracy",
+    "client_std_accuracy",
+    "rounds_to_target",
+    "wall_seconds",
+]
 
 
-def algorithm_config(cfg: Config, name: str) -> Config:
-    """``cfg`` with ``algorithm.name`` set and ``compare.overrides[name]`` applied."""
-    extra = dict(cfg.compare.overrides.get(name, {}))
-    return with_overrides(cfg, {"algorithm.name": name, **extra})
+def entry_config(cfg: Config, entry: str, seed: int | None = None) -> Config:
+    """The config of one compared entry: a variant's overrides, or ``algorithm.name`` set
+    with ``compare.overrides[name]`` applied; then the seed."""
+    if entry in cfg.compare.variants:
+        extra = dict(cfg.compare.variants[entry])
+    else:
+        extra = {"algorithm.name": entry, **cfg.compare.overrides.get(entry, {})}
+    if seed is not None:
+        extra["seed"] = seed
+    return with_overrides(cfg, extra)
 
 
 def improved_share(summary: dict[str, Any], local: dict[str, Any] | None) -> float | None:
@@ -36,86 +70,218 @@ def improved_share(summary: dict[str, Any], local: dict[str, Any] | None) -> flo
     return 100.0 * float(np.mean(wins))
 
 
+def worst_share(values: list[float], share: float) -> float:
+    """Mean of the lowest ``share`` of the values (at least one)."""
+    v = np.sort(np.asarray(values, dtype=float))
+    return float(v[: max(1, int(math.ceil(share * len(v))))].mean())
+
+
+def rounds_to_target(history: list[dict[str, Any]], target: float | None) -> int | None:
+    if target is None:
+        return None
+    for h in history:
+        if h.get("mean_accuracy") is not None and h["mean_accuracy"] >= target:
+            return int(h["round"])
+    return None
+
+
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def summarize(
+    entry: str, runs: list[Result], local_runs: list[Result] | None, target: float | None
+) -> dict[str, Any]:
+    sums = [r.summary for r in runs]
+    accs = [s["mean_accuracy"] for s in sums]
+    has_acc = all(a is not None for a in accs)
+    imps = (
+        [improved_share(s, ls.summary) for s, ls in zip(sums, local_runs, strict=True)]
+        if local_runs is not None and entry != "local"
+        else [None]
+    )
+    client_acc = [[c["accuracy"] for c in s["clients"]] for s in sums] if has_acc else None
+    reach = [rounds_to_target(s["history"], target) for s in sums]
+    return {
+        "algorithm": entry,
+        "seeds": [s["seed"] for s in sums],
+        "mean_accuracy": _mean(accs) if has_acc else None,
+        "std_accuracy": float(np.std(accs)) if has_acc else None,
+        "mean_loss": _mean([s["mean_loss"] for s in sums]),
+        "improved_vs_local": _mean(imps),
+        "worst10_accuracy": _mean([worst_share(a, 0.1) for a in client_acc])
+        if client_acc
+        else None,
+        "worst20_accuracy": _mean([worst_share(a, 0.2) for a in client_acc])
+        if client_acc
+        else None,
+        "client_std_accuracy": _mean([float(np.std(a)) for a in client_acc])
+        if client_acc
+        else None,
+        "rounds_to_target": None if any(r is None for r in reach) else float(np.mean(reach)),
+        "wall_seconds": float(np.mean([s["wall_seconds"] for s in sums])),
+        "run_dirs": [str(r.run_dir) for r in runs],
+    }
+
+
 def run_compare(
     cfg: Config,
-    algorithms: list[str],
+    entries: list[str],
     out: Path | None,
     make_callbacks: Callable[[str], list[Callback]] = lambda name: [],
     make_progress: Callable[[str], Any] = lambda name: None,
     parent: Callback | None = None,
-) -> tuple[Path, list[dict[str, Any]], dict[str, Result]]:
-    if not algorithms:
+    seeds: list[int] | None = None,
+) -> tuple[Path, list[dict[str, Any]], dict[str, list[Result]]]:
+    if not entries:
         raise ConfigError("no algorithms to compare: pass --algorithms or set compare.algorithms")
-    cfgs = {a: algorithm_config(cfg, a) for a in algorithms}  # validate all before running
+    seeds = seeds or cfg.compare.seeds or [cfg.seed]
+    multi = len(seeds) > 1
+    cfgs = {(e, s): entry_config(cfg, e, s) for e in entries for s in seeds}  # validate first
     root = out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.name}-compare"
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.yaml").write_text(cfg.to_yaml())
     pctx = RunContext(cfg, root)
     if parent is not None:
         parent.on_run_start(pctx)
-    results: dict[str, Result] = {}
-    for a in algorithms:
-        results[a] = run_experiment(cfgs[a], root / a, make_callbacks(a), make_progress(a))
-    local = results["local"].summary if "local" in results else None
-    rows = []
-    for a, res in results.items():
-        s = res.summary
-        rows.append(
-            {
-                "algorithm": a,
-                "mean_accuracy": s["mean_accuracy"],
-                "mean_loss": s["mean_loss"],
-                "improved_vs_local": improved_share(s, local) if a != "local" else None,
-                "wall_seconds": s["wall_seconds"],
-                "run_dir": str(res.run_dir),
-            }
-        )
+    results: dict[str, list[Result]] = {e: [] for e in entries}
+    for e in entries:
+        for s in seeds:
+            run_dir = root / e / f"seed{s}" if multi else root / e
+            label = f"{e} seed {s}" if multi else e
+            results[e].append(
+                run_experiment(cfgs[(e, s)], run_dir, make_callbacks(e), make_progress(label))
+            )
+    local = results.get("local")
+    target = cfg.compare.target_accuracy
+    rows = [summarize(e, runs, local, target) for e, runs in results.items()]
     write_tables(root, rows)
-    write_compare_plots(root, results)
+    plots = write_compare_plots(root, results, cfg.compare.heatmap_rounds)
+    write_report(root, cfg, rows, plots, cfgs)
     if parent is not None:
+        log = getattr(parent, "log_files", None)
+        if log is not None:
+            log([root / "comparison.md", root / "comparison.csv", root / "report.html", *plots])
         parent.on_run_end(pctx, {"status": "completed", "table": rows})
     return root, rows, results
 
 
-def _fmt(v: Any, pct: bool = False) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{100 * v:.1f}" if pct else f"{v:.4g}"
-    return str(v)
+def _pct(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{100 * v:.{digits}f}"
 
 
 def write_tables(root: Path, rows: list[dict[str, Any]]) -> None:
     with (root / "comparison.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[*TABLE_COLUMNS, "run_dir"])
+        w = csv.DictWriter(f, fieldnames=[*TABLE_COLUMNS, "run_dirs"])
         w.writeheader()
-        w.writerows(rows)
+        for r in rows:
+            w.writerow(
+                {**r, "seeds": " ".join(map(str, r["seeds"])), "run_dirs": " ".join(r["run_dirs"])}
+            )
     (root / "comparison.json").write_text(json.dumps(rows, indent=2))
+    (root / "comparison.md").write_text(markdown_table(rows))
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| algorithm | accuracy (%) | loss | Imp. (%) | wall (s) |",
-        "|---|---|---|---|---|",
+        "| algorithm | accuracy (%) | loss | Imp. (%) | worst 10 % | worst 20 % | client std | "
+        "rounds to target | wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        acc = _pct(r["mean_accuracy"])
+        if r["mean_accuracy"] is not None and len(r["seeds"]) > 1:
+            acc += f" ± {100 * r['std_accuracy']:.1f}"
         imp = "-" if r["improved_vs_local"] is None else f"{r['improved_vs_local']:.0f}"
+        reach = "-" if r["rounds_to_target"] is None else f"{r['rounds_to_target']:.0f}"
+        loss = "-" if r["mean_loss"] is None else f"{r['mean_loss']:.3f}"
         lines.append(
-            f"| {r['algorithm']} | {_fmt(r['mean_accuracy'], pct=True)} | "
-            f"{_fmt(r['mean_loss'])} | {imp} | {r['wall_seconds']:.1f} |"
+            f"| {r['algorithm']} | {acc} | {loss} | {imp} | {_pct(r['worst10_accuracy'])} | "
+            f"{_pct(r['worst20_accuracy'])} | {_pct(r['client_std_accuracy'])} | {reach} | "
+            f"{r['wall_seconds']:.1f} |"
         )
-    (root / "comparison.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
-def write_compare_plots(root: Path, results: dict[str, Result]) -> None:
+def write_compare_plots(
+    root: Path, results: dict[str, list[Result]], heat_rounds: list[int] | None
+) -> list[Path]:
     from raycobo import plots
 
     pdir = root / "plots"
     pdir.mkdir(exist_ok=True)
-    plots.plot_curves(pdir / "curves.png", {a: r.summary["history"] for a, r in results.items()})
-    mats = {
-        a: np.array(r.summary["collaboration"])
-        for a, r in results.items()
-        if r.summary["collaboration"]
+    written = [pdir / "curves.png"]
+    plots.plot_curves_band(
+        written[0], {e: [r.summary["history"] for r in rs] for e, rs in results.items()}
+    )
+    first = {e: rs[0] for e, rs in results.items()}
+    clusters = [c["cluster"] for c in next(iter(first.values())).summary["clients"]]
+    snaps: dict[str, dict[int, np.ndarray]] = {}
+    for e, r in first.items():
+        path = r.run_dir / "collaboration_rounds.npz"
+        if path.exists():
+            with np.load(path) as z:
+                have = {int(k.split("_")[1]): z[k] for k in z.files}
+            want = sorted(have) if heat_rounds is None else [x for x in heat_rounds if x in have]
+            snaps[e] = {x: have[x] for x in want}
+    if snaps:
+        written.append(pdir / "collaboration.png")
+        plots.plot_matrix_grid(written[-1], snaps, clusters)
+    accs = {
+        e: [c["accuracy"] for r in rs for c in r.summary["clients"]] for e, rs in results.items()
     }
-    if mats:
-        clusters = next(iter(results.values())).summary["clients"]
-        cl = [c["cluster"] for c in clusters]
-        plots.plot_matrices(pdir / "collaboration.png", mats, cl)
+    if all(None not in a for a in accs.values()):
+        written.append(pdir / "client_accuracy.png")
+        plots.plot_distribution(written[-1], accs)
+    return written
+
+
+def write_report(
+    root: Path,
+    cfg: Config,
+    rows: list[dict[str, Any]],
+    plot_files: list[Path],
+    cfgs: dict[tuple[str, int], Config],
+) -> Path:
+    esc = html.escape
+    head = [c for c in TABLE_COLUMNS if c != "seeds"]
+    table = ["<table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in head) + "</tr>"]
+    for r in rows:
+        cells = []
+        for c in head:
+            v = r[c]
+            if isinstance(v, float) and c.endswith("accuracy"):
+                v = f"{100 * v:.2f}"
+            elif isinstance(v, float):
+                v = f"{v:.4g}"
+            cells.append(f"<td>{esc('-' if v is None else str(v))}</td>")
+        table.append("<tr>" + "".join(cells) + "</tr>")
+    table.append("</table>")
+    imgs = "".join(
+        f'<figure><img src="plots/{esc(p.name)}" alt="{esc(p.stem)}"><figcaption>{esc(p.stem)}'
+        "</figcaption></figure>"
+        for p in plot_files
+    )
+    configs = "".join(
+        f"<details><summary>{esc(e)} (seed {s})</summary><pre>{esc(c.to_yaml())}</pre></details>"
+        for (e, s), c in cfgs.items()
+    )
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>raycobo compare: {esc(cfg.name)}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style>
+</head><body>
+<h1>{esc(cfg.name)}: {esc(", ".join(r["algorithm"] for r in rows))}</h1>
+<p>{esc(cfg.data.name)} / {esc(cfg.data.partition.kind)}, {cfg.rounds} rounds, seeds
+{esc(", ".join(map(str, rows[0]["seeds"])))}. Accuracy: mean over clients at the last round
+(mean over seeds); Imp.: share of clients beating Local; worst 10/20 %: mean accuracy of the
+weakest clients; rounds to target: first evaluation at or above {cfg.compare.target_accuracy}.</p>
+<h2>Results</h2>{"".join(table)}
+<h2>Plots</h2>{imgs}
+<h2>Resolved configs</h2>{configs}
+</body></html>
+"""
+    path = root / "report.html"
+    path.write_text(page)
+    return path

@@ -142,8 +142,15 @@ class TrackingConfig(_Section):
 
 
 class CompareConfig(_Section):
+    # entries: algorithm names, or labels of ``variants``
     algorithms: list[str] = Field(default_factory=list)
+    # per-algorithm dotted overrides, e.g. {ditto: {algorithm.lr: 0.1}}
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # named variants: label -> dotted overrides (e.g. CoBo with each sampling strategy)
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    seeds: list[int] | None = None
+    target_accuracy: float | None = Field(default=None, gt=0, le=1)
+    heatmap_rounds: list[int] | None = None
 
 
 class Config(_Section):

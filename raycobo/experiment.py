@@ -231,6 +231,9 @@ def run_experiment(
     if W_np is not None:
         np.save(run_dir / "collaboration.npy", W_np)
         snapshots.setdefault(cfg.rounds, W_np)
+        np.savez_compressed(
+            run_dir / "collaboration_rounds.npz", **{f"round_{r}": m for r, m in snapshots.items()}
+        )
     summary = {
         "status": "completed",
         "name": cfg.name,

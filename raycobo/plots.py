@@ -114,3 +114,73 @@ def plot_matrices(path: Path, mats: dict[str, np.ndarray], clusters: list[int | 
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="w_ij")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def plot_curves_band(path: Path, runs: dict[str, list[list[dict[str, Any]]]]) -> None:
+    """Mean accuracy (when defined) and loss against rounds: mean over seeds, +- std band."""
+    first = next(iter(runs.values()))[0]
+    has_acc = any(h.get("mean_accuracy") is not None for h in first)
+    keys = ["mean_accuracy", "mean_loss"] if has_acc else ["mean_loss"]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
+    for name, histories in runs.items():
+        rounds = [h["round"] for h in histories[0]]
+        for ax, key in zip(axes[0], keys, strict=True):
+            vals = np.array(
+                [[np.nan if h.get(key) is None else h[key] for h in hs] for hs in histories],
+                dtype=float,
+            )
+            mean = np.nanmean(vals, axis=0)
+            (line,) = ax.plot(rounds, mean, label=name)
+            if len(histories) > 1:
+                sd = np.nanstd(vals, axis=0)
+                ax.fill_between(rounds, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+    for ax, key in zip(axes[0], keys, strict=True):
+        ax.set_xlabel("round")
+        ax.set_ylabel(key.replace("_", " "))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        if key == "mean_loss" and not has_acc:
+            ax.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_matrix_grid(
+    path: Path, snaps: dict[str, dict[int, np.ndarray]], clusters: list[int | None]
+) -> None:
+    """W of every method (rows) at several rounds (columns), as in CoBo's Figure 3."""
+    names = list(snaps)
+    ncols = max(len(v) for v in snaps.values())
+    fig, axes = plt.subplots(
+        len(names), ncols, figsize=(2.8 * ncols, 2.8 * len(names)), squeeze=False
+    )
+    im = None
+    for i, name in enumerate(names):
+        rounds = sorted(snaps[name])
+        for j in range(ncols):
+            ax = axes[i][j]
+            if j < len(rounds):
+                im = heatmap(ax, snaps[name][rounds[j]], clusters, f"{name} round {rounds[j]}")
+            else:
+                ax.axis("off")
+    if im is not None:
+        fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6, label="w_ij")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_distribution(path: Path, values: dict[str, list[float]]) -> None:
+    """Per-client final accuracy of each method (box plot with the points)."""
+    names = list(values)
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.6))
+    ax.boxplot([values[n] for n in names], showfliers=False)
+    for k, n in enumerate(names, start=1):
+        xs = np.full(len(values[n]), k) + np.linspace(-0.15, 0.15, len(values[n]))
+        ax.scatter(xs, values[n], s=8, alpha=0.6)
+    ax.set_xticks(range(1, len(names) + 1), names, rotation=30)
+    ax.set_ylabel("client test accuracy")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

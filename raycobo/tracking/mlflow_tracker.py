@@ -149,6 +149,12 @@ class MLflowTracker(BaseCallback):
         for a in range(0, len(batch), 1000):
             self._guard(self.client.log_batch, self.run_id, metrics=batch[a : a + 1000])
 
+    def log_files(self, paths: list[Path], artifact_path: str | None = None) -> None:
+        """Log extra files (tables, reports, plots) as artifacts of this run."""
+        for path in paths:
+            if Path(path).exists():
+                self._guard(self.client.log_artifact, self.run_id, str(path), artifact_path)
+
     def on_run_end(self, ctx: RunContext, summary: dict[str, Any]) -> None:
         if not self.enabled:
             return
