@@ -1,0 +1,61 @@
+"""Cluster recipes parse and carry the keys Ray's launcher requires (no SSH here)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((ROOT / "cluster" / name).read_text())
+
+
+def test_aws_cluster_yaml():
+    c = load("cluster.yaml")
+    for key in (
+        "cluster_name",
+        "provider",
+        "auth",
+        "available_node_types",
+        "head_node_type",
+        "setup_commands",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+    ):
+        assert key in c, key
+    assert c["provider"]["type"] == "aws" and c["provider"]["region"]
+    assert c["head_node_type"] in c["available_node_types"]
+    for name, node in c["available_node_types"].items():
+        assert "InstanceType" in node["node_config"] and "ImageId" in node["node_config"], name
+    workers = [n for k, n in c["available_node_types"].items() if k != c["head_node_type"]]
+    assert all(n["max_workers"] >= n["min_workers"] for n in workers)
+    assert any("pip install" in cmd and "-e ." in cmd for cmd in c["setup_commands"])
+    assert any("constraints.txt" in cmd for cmd in c["setup_commands"])
+    assert any("ray start --head" in cmd for cmd in c["head_start_ray_commands"])
+    assert any("$RAY_HEAD_IP" in cmd for cmd in c["worker_start_ray_commands"])
+    assert any("mlflow server" in cmd for cmd in c["head_setup_commands"])
+
+
+def test_local_cluster_yaml():
+    c = load("local.yaml")
+    assert c["provider"]["type"] == "local"
+    assert c["provider"]["head_ip"] and c["provider"]["worker_ips"]
+    assert c["auth"]["ssh_user"]
+    assert any("ray start --head" in cmd for cmd in c["head_start_ray_commands"])
+
+
+def test_launcher_adds_cluster_defaults_only_where_unset():
+    spec = importlib.util.spec_from_file_location("launch", ROOT / "examples" / "cluster_launch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = mod.cluster_args(["run", "x.yaml", "rounds=5"], tracking_host="head")
+    assert args[-2:] == ["engine.address=auto", "tracking.uri=http://head:5000"]
+    mine = mod.cluster_args(
+        ["sweep", "s.yaml", "engine.address=ray://h:10001", "tracking.uri=http://m:5000"]
+    )
+    assert mine.count("engine.address=ray://h:10001") == 1 and len(mine) == 4
+    assert mod.cluster_args(["--help"]) == ["--help"]
