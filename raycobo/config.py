@@ -20,6 +20,19 @@ class ConfigError(ValueError):
     """A user-facing configuration problem; the message is one line naming the key/file."""
 
 
+def choose(
+    registry: dict[str, Any], name: str, key: str, what: str, known: list[str] | None = None
+):
+    """``registry[name]``, or a ConfigError naming ``key`` and the known names."""
+    try:
+        return registry[name]
+    except KeyError:
+        names = ", ".join(known if known is not None else sorted(registry))
+        raise ConfigError(
+            f"invalid config key '{key}': unknown {what} '{name}' (choose from {names})"
+        ) from None
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 

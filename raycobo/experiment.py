@@ -34,20 +34,6 @@ from raycobo.algorithms.base import Evaluation
 from raycobo.callbacks import Callback, RunContext
 from raycobo.config import Config, ConfigError
 
-SUMMARY_KEYS = (
-    "algorithm",
-    "engine",
-    "n_clients",
-    "rounds",
-    "seed",
-    "mean_accuracy",
-    "mean_loss",
-    "clients",
-    "collaboration",
-    "wall_seconds",
-    "mlflow_run_id",
-)
-
 
 class RunFailed(RuntimeError):
     """A run broke after its run directory existed; what it measured is kept there."""

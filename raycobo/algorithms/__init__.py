@@ -16,7 +16,7 @@ from raycobo.algorithms.fedavg import FedAvg, FedAvgFT
 from raycobo.algorithms.ifca import IFCA
 from raycobo.algorithms.local import Local
 from raycobo.algorithms.oracle import Oracle
-from raycobo.config import AlgorithmConfig, ConfigError
+from raycobo.config import AlgorithmConfig, choose
 
 ALGORITHMS: dict[str, Callable[[AlgorithmConfig, int, int], Algorithm]] = {
     "cobo": CoBo,
@@ -31,13 +31,7 @@ ALGORITHMS: dict[str, Callable[[AlgorithmConfig, int, int], Algorithm]] = {
 
 
 def build_algorithm(cfg: AlgorithmConfig, rounds: int, seed: int) -> Algorithm:
-    try:
-        factory = ALGORITHMS[cfg.name]
-    except KeyError:
-        raise ConfigError(
-            f"invalid config key 'algorithm.name': unknown algorithm '{cfg.name}' "
-            f"(choose from {', '.join(sorted(ALGORITHMS))})"
-        ) from None
+    factory = choose(ALGORITHMS, cfg.name, "algorithm.name", "algorithm")
     return factory(cfg, rounds, seed)
 
 

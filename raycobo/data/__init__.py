@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from raycobo.config import Config, ConfigError, DataConfig
+from raycobo.config import Config, DataConfig, choose
 from raycobo.data.base import FederatedData, RawDataset
 from raycobo.data.partition import PARTITIONS, partition
 from raycobo.data.quadratic import QuadraticProblem, make_quadratic
@@ -35,13 +35,7 @@ def load_data(cfg: Config) -> FederatedData | QuadraticProblem:
     name = cfg.data.name
     if name == "quadratic":
         return make_quadratic(cfg.data, cfg.seed)
-    try:
-        loader = DATASETS[name]
-    except KeyError:
-        raise ConfigError(
-            f"invalid config key 'data.name': unknown dataset '{name}' "
-            f"(choose from {', '.join(dataset_names())})"
-        ) from None
+    loader = choose(DATASETS, name, "data.name", "dataset", dataset_names())
     return partition(loader(cfg.data, cfg.seed), cfg.data, cfg.seed)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from raycobo.config import ConfigError, DataConfig
+from raycobo.config import ConfigError, DataConfig, choose
 from raycobo.data.base import FederatedData, RawDataset
 
 
@@ -264,13 +264,7 @@ PARTITIONS: dict[str, Callable[[RawDataset, DataConfig, int], Partition]] = {
 
 
 def partition(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedData:
-    try:
-        fn = PARTITIONS[cfg.partition.kind]
-    except KeyError:
-        raise ConfigError(
-            f"invalid config key 'data.partition.kind': unknown partition "
-            f"'{cfg.partition.kind}' (choose from {', '.join(sorted(PARTITIONS))})"
-        ) from None
+    fn = choose(PARTITIONS, cfg.partition.kind, "data.partition.kind", "partition")
     p = fn(raw, cfg, seed)
     return FederatedData(
         name=raw.name,

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from raycobo.config import ConfigError, ModelConfig
+from raycobo.config import ConfigError, ModelConfig, choose
 
 
 class MLP(nn.Module):
@@ -215,11 +215,5 @@ MODELS: dict[str, Callable[[ModelConfig, tuple[int, ...], int], FunctionalModel]
 def build_model(
     cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
 ) -> FunctionalModel:
-    try:
-        factory = MODELS[cfg.name]
-    except KeyError:
-        raise ConfigError(
-            f"invalid config key 'model.name': unknown model '{cfg.name}' "
-            f"(choose from {', '.join(sorted(MODELS))})"
-        ) from None
+    factory = choose(MODELS, cfg.name, "model.name", "model")
     return factory(cfg, input_shape, num_classes)
