@@ -123,7 +123,7 @@ def _print_table(rows) -> None:
     Console().print(t)
 
 
-def _compare(cfg, algorithms, out, quiet, no_tracking, seeds=None):
+def _compare(cfg, algorithms, out, quiet, no_tracking, seeds=None, parallel=False):
     from raycobo.compare import run_compare
 
     parent = None
@@ -136,7 +136,21 @@ def _compare(cfg, algorithms, out, quiet, no_tracking, seeds=None):
         def cbs(a):
             return [MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-{a}", parent=parent)]
 
-    return run_compare(cfg, algorithms, out, cbs, lambda a: _progress(a, quiet), parent, seeds)
+    if parallel and cfg.tracking.enabled:
+        # trials in other processes must find the same sqlite store and artifact folder
+        from raycobo.tracking.mlflow_tracker import resolve_uri
+
+        art = cfg.tracking.artifact_root
+        cfg = with_overrides(
+            cfg,
+            {
+                "tracking.uri": resolve_uri(cfg.tracking.uri),
+                "tracking.artifact_root": art if "://" in art else str(Path(art).resolve()),
+            },
+        )
+    return run_compare(
+        cfg, algorithms, out, cbs, lambda a: _progress(a, quiet), parent, seeds, parallel
+    )
 
 
 @app.command()
@@ -150,6 +164,9 @@ def compare(
     seeds: Annotated[
         str | None, typer.Option("--seeds", help="comma-separated seeds, e.g. 0,1,2")
     ] = None,
+    parallel: Annotated[
+        bool, typer.Option("--parallel", help="run (algorithm, seed) pairs as Ray tasks")
+    ] = False,
     out: Out = None,
     quiet: Quiet = False,
     debug: Debug = False,
@@ -168,7 +185,7 @@ def compare(
             if algorithms
             else list(cfg.compare.algorithms)
         )
-        root, rows, _ = _compare(cfg, algos, out, quiet, no_tracking, seed_list)
+        root, rows, _ = _compare(cfg, algos, out, quiet, no_tracking, seed_list, parallel)
         _print_table(rows)
         typer.echo(f"comparison: {root}/comparison.md  report: {root}/report.html")
 

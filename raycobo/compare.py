@@ -133,6 +133,8 @@ def run_compare(
     make_progress: Callable[[str], Any] = lambda name: None,
     parent: Callback | None = None,
     seeds: list[int] | None = None,
+    parallel: bool = False,
+    cpus_per_run: float = 1.0,
 ) -> tuple[Path, list[dict[str, Any]], dict[str, list[Result]]]:
     if not entries:
         raise ConfigError("no algorithms to compare: pass --algorithms or set compare.algorithms")
@@ -145,14 +147,31 @@ def run_compare(
     pctx = RunContext(cfg, root)
     if parent is not None:
         parent.on_run_start(pctx)
+
+    def run_dir(e: str, s: int) -> Path:
+        return root / e / f"seed{s}" if multi else root / e
+
     results: dict[str, list[Result]] = {e: [] for e in entries}
-    for e in entries:
-        for s in seeds:
-            run_dir = root / e / f"seed{s}" if multi else root / e
-            label = f"{e} seed {s}" if multi else e
-            results[e].append(
-                run_experiment(cfgs[(e, s)], run_dir, make_callbacks(e), make_progress(label))
-            )
+    if parallel:
+        done = run_parallel(
+            {
+                (e, s): (cfgs[(e, s)], run_dir(e, s), make_callbacks(e))
+                for e in entries
+                for s in seeds
+            },
+            cpus_per_run,
+        )
+        for e in entries:
+            results[e] = [done[(e, s)] for s in seeds]
+    else:
+        for e in entries:
+            for s in seeds:
+                label = f"{e} seed {s}" if multi else e
+                results[e].append(
+                    run_experiment(
+                        cfgs[(e, s)], run_dir(e, s), make_callbacks(e), make_progress(label)
+                    )
+                )
     local = results.get("local")
     target = cfg.compare.target_accuracy
     rows = [summarize(e, runs, local, target) for e, runs in results.items()]
@@ -165,6 +184,31 @@ def run_compare(
             log([root / "comparison.md", root / "comparison.csv", root / "report.html", *plots])
         parent.on_run_end(pctx, {"status": "completed", "table": rows})
     return root, rows, results
+
+
+def _run_remote(cfg_dict: dict[str, Any], run_dir: str, callbacks: list[Callback]) -> Result:
+    from raycobo.config import validate
+
+    return run_experiment(validate(cfg_dict), Path(run_dir), callbacks)
+
+
+def run_parallel(
+    jobs: dict[tuple[str, int], tuple[Config, Path, list[Callback]]], cpus_per_run: float
+) -> dict[tuple[str, int], Result]:
+    """Run every (entry, seed) as a Ray task of ``cpus_per_run`` CPUs, as many at once as
+    the Ray instance (local, bound to 127.0.0.1, or ``engine.address``) has room for."""
+    import ray
+
+    from raycobo.engine.ray_engine import start_ray
+
+    first = next(iter(jobs.values()))[0]
+    start_ray(first)
+    task = ray.remote(num_cpus=cpus_per_run)(_run_remote)
+    refs = {
+        key: task.remote(cfg.to_dict(), str(path.resolve()), cbs)
+        for key, (cfg, path, cbs) in jobs.items()
+    }
+    return dict(zip(refs, ray.get(list(refs.values())), strict=True))
 
 
 def _pct(v: float | None, digits: int = 1) -> str:

@@ -106,3 +106,32 @@ def test_variants_compare_sampling_strategies(tmp_path):
     assert full["algorithm"] == const["algorithm"] == "cobo"
     edges_full = (out / "cobo-full" / "rounds.csv").read_text().splitlines()[1].split(",")
     assert float(edges_full[2]) == full["n_clients"] * (full["n_clients"] - 1) / 2
+
+
+def test_parallel_compare_gives_the_sequential_numbers(tmp_path):
+    """(algorithm, seed) pairs as Ray tasks: same summaries as running them one by one."""
+    base = [
+        "compare",
+        "examples/quickstart.yaml",
+        "data.name=quadratic",
+        "rounds=15",
+        "eval_every=5",
+        "engine.num_cpus=2",
+        "--algorithms",
+        "local,cobo",
+        "--seeds",
+        "0,1",
+        "-q",
+        "--no-tracking",
+    ]
+    seq, par = tmp_path / "seq", tmp_path / "par"
+    assert CliRunner().invoke(app, [*base, "--out", str(seq)]).exit_code == 0
+    res = CliRunner().invoke(app, [*base, "--out", str(par), "--parallel"])
+    assert res.exit_code == 0, res.output
+    a = json.loads((seq / "comparison.json").read_text())
+    b = json.loads((par / "comparison.json").read_text())
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["algorithm"] == rb["algorithm"] and ra["mean_loss"] == rb["mean_loss"]
+    import ray
+
+    ray.shutdown()

@@ -121,6 +121,8 @@ def run_sweep(
     samples = num_samples or spec.num_samples
     name = spec.name or f"{base.name}-sweep"
     root = (resume or out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{name}").resolve()
+    if resume is not None and not tune.Tuner.can_restore(str(root / "tune")):
+        raise ConfigError(f"nothing to resume in {root / 'tune'}")
     root.mkdir(parents=True, exist_ok=True)
     start_ray(base)
 
@@ -145,8 +147,6 @@ def run_sweep(
     )
     trainable = tune.with_resources(trial, _resources(spec, base))
     if resume is not None:
-        if not tune.Tuner.can_restore(str(root / "tune")):
-            raise ConfigError(f"nothing to resume in {root / 'tune'}")
         tuner = tune.Tuner.restore(str(root / "tune"), trainable=trainable, resume_errored=True)
     else:
         space = tune_space(spec)

@@ -122,3 +122,20 @@ def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_pa
     assert res.exit_code == 0, res.output
     rerun = json.loads((tmp_path / "rerun" / "summary.json").read_text())
     assert rerun["mean_loss"] == pytest.approx(summary["best"]["metrics"]["mean_loss"], rel=1e-6)
+
+
+def test_a_sweep_can_be_resumed_from_its_directory(tmp_path):
+    """Resuming restores Tune's experiment state and finishes with the same trials."""
+    path = write(tmp_path, "  algorithm.rho: {grid: [0.01, 0.1]}")
+    out = tmp_path / "sw"
+    base = ["sweep", str(path), "tracking.enabled=false"]
+    res = CliRunner().invoke(app, [*base, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    first = json.loads((out / "sweep_summary.json").read_text())
+    res = CliRunner().invoke(app, [*base, "--resume", str(out)])
+    assert res.exit_code == 0, res.output
+    again = json.loads((out / "sweep_summary.json").read_text())
+    assert again["num_trials"] == first["num_trials"] == 2
+    assert again["best"]["config"] == first["best"]["config"]
+    res = CliRunner().invoke(app, [*base, "--resume", str(tmp_path / "nothing")])
+    assert res.exit_code != 0 and "nothing to resume" in res.stderr
