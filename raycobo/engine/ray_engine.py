@@ -22,6 +22,7 @@ import os
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from raycobo.algorithms.base import Evaluation
@@ -114,29 +115,53 @@ class ClientHostImpl:
             "pid": os.getpid(),
         }
 
-    def initial_params(self) -> torch.Tensor:
-        return self.ops.initial_params().cpu()
+    def initial_params(self) -> tuple[torch.Tensor, float]:
+        return self.ops.initial_params().cpu(), 0.0
 
-    def random_params(self, salt: int) -> torch.Tensor:
-        return self.ops.random_params(salt).cpu()
+    def random_params(self, salt: int) -> tuple[torch.Tensor, float]:
+        return self.ops.random_params(salt).cpu(), 0.0
 
     def _wait(self) -> None:
         if self.slow_s:
             time.sleep(self.slow_s)
 
+    def _timed(self, fn, *args):
+        """Run fn and return (result, seconds of host compute) for the coordinator's
+        compute-versus-coordination accounting."""
+        t0 = time.perf_counter()
+        out = fn(*args)
+        return out, time.perf_counter() - t0
+
+    def _in(self, a) -> torch.Tensor:
+        # arrays arrive read-only from the object store; numpy moves faster than pickled tensors
+        return torch.as_tensor(np.array(a, copy=True)).to(self.device)
+
     def grads(self, local, Z, round, stream, salt):
         self._wait()
-        G, L = self.ops.grads(local.to(self.device), Z.to(self.device), round, stream, salt)
-        return G.cpu(), L.cpu()
+
+        def go():
+            G, L = self.ops.grads(self._in(local), self._in(Z), round, stream, self._in(salt))
+            return G.cpu().numpy(), L.cpu().numpy()
+
+        return self._timed(go)
 
     def losses(self, local, Z, round, stream, salt):
         self._wait()
-        return self.ops.losses(local.to(self.device), Z.to(self.device), round, stream, salt).cpu()
+        return self._timed(
+            lambda: (
+                self.ops.losses(self._in(local), self._in(Z), round, stream, self._in(salt))
+                .cpu()
+                .numpy()
+            )
+        )
 
     def evaluate(self, local, Z):
-        ev = self.ops.evaluate(local.to(self.device), Z.to(self.device))
-        acc = ev.accuracy.cpu() if ev.accuracy is not None else None
-        return ev.loss.cpu(), acc
+        def go():
+            ev = self.ops.evaluate(self._in(local), self._in(Z))
+            acc = ev.accuracy.cpu().numpy() if ev.accuracy is not None else None
+            return ev.loss.cpu().numpy(), acc
+
+        return self._timed(go)
 
 
 class RayClientOps:
@@ -166,6 +191,7 @@ class RayClientOps:
         self.device = torch.device("cpu")
         self.coordination_s = 0.0
         self.wait_s = 0.0
+        self.critical_compute_s = 0.0  # per call, the slowest host's compute, summed
 
     # -- plumbing ----------------------------------------------------------------------
     def _get(self, refs):
@@ -199,7 +225,8 @@ class RayClientOps:
                     )
                 self.wait_s += time.perf_counter() - t1
             if not failed:
-                return out
+                self.critical_compute_s += max((sec for _, sec in out.values()), default=0.0)
+                return {h: res for h, (res, _) in out.items()}
             pending = failed
             time.sleep(min(2.0, 0.2 * (attempt + 1)))
         raise RuntimeError(f"client hosts {sorted(pending)} failed {self.retries + 1} times")
@@ -241,7 +268,8 @@ class RayClientOps:
         G = torch.empty(m, self.dim, dtype=Z.dtype)
         L = torch.empty(m, dtype=Z.dtype)
         for h, (mask, *_rest) in parts.items():
-            G[mask], L[mask] = res[h]
+            G[mask] = torch.from_numpy(res[h][0])
+            L[mask] = torch.from_numpy(res[h][1])
         return G, L
 
     def losses(self, clients, Z, round, stream, salt=0):
@@ -252,7 +280,7 @@ class RayClientOps:
         )
         L = torch.empty(m, dtype=Z.dtype)
         for h, (mask, *_rest) in parts.items():
-            L[mask] = res[h]
+            L[mask] = torch.from_numpy(res[h])
         return L
 
     def evaluate(self, clients, Z) -> Evaluation:
@@ -263,11 +291,11 @@ class RayClientOps:
         acc = torch.empty(m)
         has_acc = True
         for h, (mask, *_rest) in parts.items():
-            loss[mask] = res[h][0]
+            loss[mask] = torch.from_numpy(res[h][0])
             if res[h][1] is None:
                 has_acc = False
             else:
-                acc[mask] = res[h][1]
+                acc[mask] = torch.from_numpy(res[h][1])
         return Evaluation(loss=loss, accuracy=acc if has_acc else None)
 
 
@@ -283,7 +311,8 @@ class CoordinatorImpl:
         self.ops = RayClientOps(hosts, layout, cfg.engine.timeout_s, cfg.engine.max_restarts)
         self.algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
         self.state = None
-        self.compute_s = 0.0
+        self.compute_s = 0.0  # wall time of rounds inside the coordinator
+        self.round_host_compute_s = 0.0  # of which the slowest host computed
 
     def setup(self) -> dict[str, Any]:
         self.state = self.algo.init(self.ops)
@@ -295,9 +324,10 @@ class CoordinatorImpl:
         }
 
     def round(self, t: int) -> dict[str, float]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), self.ops.critical_compute_s
         self.state, stats = self.algo.round(self.state, t, self.ops)
         self.compute_s += time.perf_counter() - t0
+        self.round_host_compute_s += self.ops.critical_compute_s - c0
         return stats
 
     def evaluate(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -319,6 +349,11 @@ class CoordinatorImpl:
             "round_seconds_in_coordinator": self.compute_s,
             "host_call_seconds": self.ops.coordination_s,
             "host_wait_seconds": self.ops.wait_s,
+            "round_host_compute_seconds": self.round_host_compute_s,
+            # the share of round time not spent computing on the (slowest) hosts
+            "coordination_share": (
+                1.0 - self.round_host_compute_s / self.compute_s if self.compute_s > 0 else None
+            ),
         }
 
 
