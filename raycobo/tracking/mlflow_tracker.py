@@ -96,13 +96,15 @@ class MLflowTracker(BaseCallback):
     def on_run_start(self, ctx: RunContext) -> None:
         if not self.enabled:
             return
-        for name in ("mlflow", "alembic"):  # schema-migration chatter on a new store
-            logging.getLogger(name).setLevel(logging.WARNING)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         try:
             from mlflow.entities import Param
             from mlflow.tracking import MlflowClient
+
+            # after mlflow configured its loggers: hide schema-migration chatter on new stores
+            for name in ("mlflow", "alembic"):
+                logging.getLogger(name).setLevel(logging.WARNING)
 
             client = MlflowClient(tracking_uri=self.uri)
             exp_id = self.experiment_id(client)
