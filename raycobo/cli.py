@@ -297,6 +297,49 @@ def bench_engine_cmd(
     _guarded(debug, go)
 
 
+@bench_app.command("scaling")
+def bench_scaling_cmd(
+    clients: Annotated[
+        str, typer.Option(help="comma-separated client counts")
+    ] = "80,320,1000,3000,10000",
+    rounds: Annotated[int, typer.Option(help="timed rounds per n")] = 50,
+    task: Annotated[str, typer.Option(help="quadratic or mlp")] = "quadratic",
+    clusters: Annotated[int, typer.Option(help="ground-truth clusters")] = 10,
+    threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    out: Out = None,
+    no_tracking: NoTrack = False,
+    debug: Debug = False,
+) -> None:
+    """CoBo with O(1/n) sampling at growing n: round time, memory, quality (CSV + plot)."""
+
+    def go():
+        import torch
+
+        from raycobo.bench import bench_scaling
+
+        if task not in ("quadratic", "mlp"):
+            raise ConfigError(f"--task must be quadratic or mlp, got '{task}'")
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            ns = [int(c) for c in clients.split(",") if c.strip()]
+        except ValueError:
+            raise ConfigError(
+                f"--clients must be comma-separated integers, got '{clients}'"
+            ) from None
+        target = out or Path("runs") / "bench-scaling"
+        tracker = None
+        if not no_tracking:
+            from raycobo.config import TrackingConfig
+            from raycobo.tracking.mlflow_tracker import ScalingLogger
+
+            tracker = ScalingLogger(TrackingConfig(experiment="raycobo-bench"))
+        bench_scaling(ns, rounds, task, clusters, target, echo=typer.echo, tracking=tracker)
+        typer.echo(f"wrote {target}/bench_scaling.csv and bench_scaling.png")
+
+    _guarded(debug, go)
+
+
 def main() -> None:
     try:
         app()

@@ -184,3 +184,24 @@ def plot_distribution(path: Path, values: dict[str, list[float]]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_scaling(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Round time, memory and final quality against the number of clients."""
+    n = [r["n"] for r in rows]
+    quality = (
+        "final_accuracy" if rows and rows[0].get("final_accuracy") is not None else "final_loss"
+    )
+    panels = [("ms_per_round", "ms per round"), ("rss_mib", "memory (MiB)"), (quality, quality)]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        ax.plot(n, [r[key] for r in rows], marker="o")
+        ax.set_xscale("log")
+        if key != "final_accuracy":
+            ax.set_yscale("log")
+        ax.set_xlabel("clients n")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

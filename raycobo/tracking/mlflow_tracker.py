@@ -182,3 +182,36 @@ class MLflowTracker(BaseCallback):
 def ui_command(cfg: TrackingConfig) -> str:
     uri = resolve_uri(cfg.uri)
     return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+
+
+class ScalingLogger:
+    """Logs a scaling study to MLflow: one run, metrics with step = n, CSV and plot."""
+
+    def __init__(self, cfg: TrackingConfig):
+        self.cfg = cfg
+
+    def log_scaling(self, rows: list[Any], out: Path) -> str | None:
+        tracker = MLflowTracker(self.cfg, run_name="bench-scaling")
+        from raycobo.config import Config
+
+        tracker.on_run_start(RunContext(Config(name="bench-scaling"), out))
+        if not tracker.enabled:
+            return None
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(key, float(getattr(r, key)), now, int(r.n))
+            for r in rows
+            for key in (
+                "ms_per_round",
+                "rss_mib",
+                "mib_per_client",
+                "final_loss",
+                "edges_per_round",
+            )
+        ]
+        tracker._guard(tracker.client.log_batch, tracker.run_id, metrics=metrics)
+        tracker.log_files([out / "bench_scaling.csv", out / "bench_scaling.png"])
+        tracker._guard(tracker.client.set_terminated, tracker.run_id, "FINISHED")
+        return tracker.run_id

@@ -1,0 +1,43 @@
+"""Benchmarks run and write their files (figures are never asserted: no timing tests)."""
+
+import csv
+
+from typer.testing import CliRunner
+
+from raycobo.cli import app
+
+
+def test_bench_engine_and_scaling_write_their_outputs(tmp_path):
+    res = CliRunner().invoke(
+        app, ["bench", "engine", "--clients", "4", "--rounds", "2", "--out", str(tmp_path / "e")]
+    )
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((tmp_path / "e" / "bench_engine.csv").open()))
+    assert {(r["algorithm"], r["engine"]) for r in rows} == {
+        ("fedavg", "vectorized"),
+        ("fedavg", "plain-loop"),
+        ("cobo", "vectorized"),
+        ("cobo", "plain-loop"),
+    }
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "scaling",
+            "--clients",
+            "20,40",
+            "--rounds",
+            "3",
+            "--clusters",
+            "4",
+            "--out",
+            str(tmp_path / "s"),
+            "--no-tracking",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((tmp_path / "s" / "bench_scaling.csv").open()))
+    assert [int(r["n"]) for r in rows] == [20, 40]
+    assert (tmp_path / "s" / "bench_scaling.png").stat().st_size > 0
+    bad = CliRunner().invoke(app, ["bench", "scaling", "--clients", "ten"])
+    assert bad.exit_code == 2 and "--clients" in bad.stderr
