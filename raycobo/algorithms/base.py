@@ -53,11 +53,13 @@ class ClientOps(Protocol):
         clients: torch.Tensor,
         Z: torch.Tensor,
         round: int,
-        stream: int,
+        stream: torch.Tensor | int,
         salt: torch.Tensor | int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Stochastic gradients of f_{clients[k]} at Z[k] on a fresh minibatch of that
-        client's own data. Returns (G (m, d), losses (m,))."""
+        client's own data. ``stream`` (what the draw is for) and ``salt`` are an int or one
+        per row, so requests of several kinds can share one call. Returns (G (m, d),
+        losses (m,))."""
         ...
 
     def losses(

@@ -116,16 +116,29 @@ class CoBo:
     def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
         c = self.cfg
         X, W = state.X, state.W
-        edges = self.sampler(ops.n_clients).sample(t).to(X.device)  # (E, 2)
-        if edges.numel():
-            scores = alignment_scores(ops, X, edges, t)
-            W = update_weights(W, edges, scores, c.gamma, c.domain)
-        G, loss = ops.grads(all_clients(ops), X, t, rng.STEP)  # g_i at x_i^t
-        X = penalized_step(X, G, W, c.lr, c.rho)  # Eq. (3)
+        n = ops.n_clients
+        edges = self.sampler(n).sample(t).to(X.device)  # (E, 2)
+        E = edges.shape[0]
+        # One engine request for the whole round (fewer round trips on remote engines):
+        # rows [0, 2E) are the alignment gradients of both endpoints at z_ij, each on a
+        # fresh batch of its own client's data; rows [2E, 2E + n) are g_i at x_i^t.
+        i, j = edges[:, 0], edges[:, 1]
+        Z = 0.5 * (X[i] + X[j])  # (E, d) midpoints z_ij
+        clients = torch.cat([i, j, all_clients(ops)])  # (2E + n,)
+        salts = torch.cat([j, i, torch.zeros(n, dtype=torch.int64, device=X.device)])
+        streams = torch.cat([torch.full((2 * E,), rng.ALIGN), torch.full((n,), rng.STEP)]).to(
+            X.device
+        )
+        G_all, L_all = ops.grads(clients, torch.cat([Z, Z, X]), t, streams, salts)
+        if E:
+            scores = torch.linalg.vecdot(G_all[:E], G_all[E : 2 * E])  # <g_i(z), g_j(z)>
+            W = update_weights(W, edges, scores, c.gamma, c.domain)  # Eq. (1)
+        G, loss = G_all[2 * E :], L_all[2 * E :]
+        X = penalized_step(X, G, W, c.lr, c.rho)  # Eq. (3), with W^{t+1} and x^t
         stats = {
             "train_loss": float(loss.mean()),
-            "edges": float(edges.shape[0]),
-            "alignment_grads": float(2 * edges.shape[0]),
+            "edges": float(E),
+            "alignment_grads": float(2 * E),
         }
         return CoBoState(X, W), stats
 

@@ -51,9 +51,11 @@ class ClientBatches:
         self.x = data.train_x.to(device)
 
     def positions(
-        self, clients: torch.Tensor, round: int, stream: int, salt: torch.Tensor | int
+        self, clients: torch.Tensor, round: int, stream, salt: torch.Tensor | int
     ) -> torch.Tensor:
-        """Positions into the concatenated client arrays, (m, B)."""
+        """Positions into the concatenated client arrays, (m, B). ``stream`` is an int or
+        one per row (requests of several kinds in one call)."""
+        stream = _key(stream)
         c = clients.cpu().reshape(-1, 1)
         s = torch.as_tensor(salt, dtype=torch.int64).cpu().reshape(-1, 1)
         k = torch.arange(self.batch_size).reshape(1, -1)
@@ -61,7 +63,7 @@ class ClientBatches:
         return (self.offsets[c] + draw).to(self.device)
 
     def batch(
-        self, clients: torch.Tensor, round: int, stream: int, salt: torch.Tensor | int
+        self, clients: torch.Tensor, round: int, stream, salt: torch.Tensor | int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         pos = self.positions(clients, round, stream, salt)
         xb = self.x[self.rows[pos]]  # (m, B, ...)
@@ -71,13 +73,20 @@ class ClientBatches:
             c = self.ids[clients.cpu()].reshape(-1, 1)
             s = torch.as_tensor(salt, dtype=torch.int64).cpu().reshape(-1, 1)
             k = torch.arange(self.batch_size).reshape(1, -1)
-            xb = crop_flip(xb, (self.seed, round, stream, c, s, k))
+            xb = crop_flip(xb, (self.seed, round, _key(stream), c, s, k))
         return xb, self.labels[pos]  # (m, B, ...), (m, B)
 
 
 def _salts(salt: torch.Tensor | int, m: int) -> torch.Tensor:
     s = torch.as_tensor(salt, dtype=torch.int64).reshape(-1)
     return s.expand(m) if s.numel() == 1 else s
+
+
+def _key(stream):
+    """An int stream stays a Python int (cheap hashing); per-row streams become (m, 1)."""
+    if isinstance(stream, int):
+        return stream
+    return torch.as_tensor(stream, dtype=torch.int64).cpu().reshape(-1, 1)
 
 
 class _SupervisedBase:
@@ -139,11 +148,11 @@ class VectorizedOps(_SupervisedBase):
 
     def grads(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
-        salts = _salts(salt, m)
+        salts, streams = _salts(salt, m), _salts(stream, m)
         G = torch.empty(m, self.dim, device=self.device, dtype=Z.dtype)
         L = torch.empty(m, device=self.device, dtype=Z.dtype)
         for sl in self._chunks(m):
-            xb, yb = self.batches.batch(clients[sl], round, stream, salts[sl])
+            xb, yb = self.batches.batch(clients[sl], round, streams[sl], salts[sl])
             if self.model.loss_grad is not None:  # fused hand-written backward
                 L[sl] = self.model.loss_grad(Z[sl].detach(), xb, yb, G[sl])
                 continue
@@ -159,10 +168,10 @@ class VectorizedOps(_SupervisedBase):
     @torch.no_grad()
     def losses(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
-        salts = _salts(salt, m)
+        salts, streams = _salts(salt, m), _salts(stream, m)
         out = torch.empty(m, device=self.device, dtype=Z.dtype)
         for sl in self._chunks(m):
-            xb, yb = self.batches.batch(clients[sl], round, stream, salts[sl])
+            xb, yb = self.batches.batch(clients[sl], round, streams[sl], salts[sl])
             out[sl] = self._loss(Z[sl], xb, yb)
         return out
 
@@ -212,12 +221,14 @@ class LoopOps(_SupervisedBase):
         return F.cross_entropy(module(xb), yb)
 
     def grads(self, clients, Z, round, stream, salt=0):
-        salts = _salts(salt, clients.numel())
+        salts, streams = _salts(salt, clients.numel()), _salts(stream, clients.numel())
         G = torch.empty_like(Z)
         L = torch.empty(clients.numel(), device=self.device, dtype=Z.dtype)
         module = self.model.module
         for k in range(clients.numel()):
-            xb, yb = self.batches.batch(clients[k : k + 1], round, stream, salts[k : k + 1])
+            xb, yb = self.batches.batch(
+                clients[k : k + 1], round, streams[k : k + 1], salts[k : k + 1]
+            )
             module.zero_grad(set_to_none=True)
             with torch.enable_grad():
                 loss = self._module_loss(Z[k], xb[0], yb[0])
@@ -228,10 +239,12 @@ class LoopOps(_SupervisedBase):
 
     @torch.no_grad()
     def losses(self, clients, Z, round, stream, salt=0):
-        salts = _salts(salt, clients.numel())
+        salts, streams = _salts(salt, clients.numel()), _salts(stream, clients.numel())
         out = torch.empty(clients.numel(), device=self.device, dtype=Z.dtype)
         for k in range(clients.numel()):
-            xb, yb = self.batches.batch(clients[k : k + 1], round, stream, salts[k : k + 1])
+            xb, yb = self.batches.batch(
+                clients[k : k + 1], round, streams[k : k + 1], salts[k : k + 1]
+            )
             out[k] = self._module_loss(Z[k], xb[0], yb[0])
         return out
 

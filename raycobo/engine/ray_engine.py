@@ -140,7 +140,9 @@ class ClientHostImpl:
         self._wait()
 
         def go():
-            G, L = self.ops.grads(self._in(local), self._in(Z), round, stream, self._in(salt))
+            G, L = self.ops.grads(
+                self._in(local), self._in(Z), round, self._in(stream), self._in(salt)
+            )
             return G.cpu().numpy(), L.cpu().numpy()
 
         return self._timed(go)
@@ -149,7 +151,9 @@ class ClientHostImpl:
         self._wait()
         return self._timed(
             lambda: (
-                self.ops.losses(self._in(local), self._in(Z), round, stream, self._in(salt))
+                self.ops.losses(
+                    self._in(local), self._in(Z), round, self._in(stream), self._in(salt)
+                )
                 .cpu()
                 .numpy()
             )
@@ -261,9 +265,9 @@ class RayClientOps:
 
     def grads(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
-        parts = self._split(clients, Z, self._salts(salt, m))
+        parts = self._split(clients, Z, self._salts(salt, m), self._salts(stream, m))
         res = self._call(
-            "grads", {h: (loc, z, round, stream, s) for h, (_, loc, z, s) in parts.items()}
+            "grads", {h: (loc, z, round, st, s) for h, (_, loc, z, s, st) in parts.items()}
         )
         G = torch.empty(m, self.dim, dtype=Z.dtype)
         L = torch.empty(m, dtype=Z.dtype)
@@ -274,9 +278,9 @@ class RayClientOps:
 
     def losses(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
-        parts = self._split(clients, Z, self._salts(salt, m))
+        parts = self._split(clients, Z, self._salts(salt, m), self._salts(stream, m))
         res = self._call(
-            "losses", {h: (loc, z, round, stream, s) for h, (_, loc, z, s) in parts.items()}
+            "losses", {h: (loc, z, round, st, s) for h, (_, loc, z, s, st) in parts.items()}
         )
         L = torch.empty(m, dtype=Z.dtype)
         for h, (mask, *_rest) in parts.items():

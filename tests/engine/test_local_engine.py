@@ -126,3 +126,17 @@ def test_conv_model_engines_agree():
         out.append((state.X, state.W))
     assert_close(out[0][0], out[1][0], atol=1e-5, rtol=1e-4)
     assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-4)
+
+
+def test_per_row_streams_draw_what_separate_calls_draw(both_engines):
+    """Mixing request kinds in one call (CoBo's alignment + step) changes no sample."""
+    _, _, vec, loop = both_engines
+    c = torch.tensor([0, 1, 2, 3])
+    streams = torch.tensor([2, 2, 1, 1])
+    mixed = vec.batches.positions(c, 5, streams, 0)
+    assert torch.equal(mixed[:2], vec.batches.positions(c[:2], 5, 2, 0))
+    assert torch.equal(mixed[2:], vec.batches.positions(c[2:], 5, 1, 0))
+    Z = vec.initial_params().expand(4, -1).clone()
+    Gv, _ = vec.grads(c, Z, 5, streams, 0)
+    Gl, _ = loop.grads(c, Z, 5, streams, 0)
+    assert_close(Gv, Gl, atol=1e-5, rtol=1e-4)
