@@ -58,27 +58,7 @@ def plot_collaboration(
 
 def plot_curves(path: Path, histories: dict[str, list[dict[str, Any]]]) -> None:
     """Mean accuracy (when defined) and mean loss against rounds, one line per run."""
-    has_acc = any(h.get("mean_accuracy") is not None for hs in histories.values() for h in hs)
-    ncols = 2 if has_acc else 1
-    fig, axes = plt.subplots(1, ncols, figsize=(5 * ncols, 3.6), squeeze=False)
-    for name, hs in histories.items():
-        rounds = [h["round"] for h in hs]
-        if has_acc:
-            axes[0][0].plot(rounds, [h.get("mean_accuracy") for h in hs], label=name)
-        losses = [h.get("mean_loss") for h in hs]
-        axes[0][ncols - 1].plot(rounds, losses, label=name)
-    if has_acc:
-        axes[0][0].set_ylabel("mean test accuracy")
-    axes[0][ncols - 1].set_ylabel("mean test loss")
-    if not has_acc:
-        axes[0][0].set_yscale("log")
-    for ax in axes[0]:
-        ax.set_xlabel("round")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_curves_band(path, {name: [h] for name, h in histories.items()})
 
 
 def write_run_plots(
@@ -102,18 +82,6 @@ def write_run_plots(
         plot_collaboration(p, snapshots, clusters, summary["algorithm"])
         written.append(p)
     return written
-
-
-def plot_matrices(path: Path, mats: dict[str, np.ndarray], clusters: list[int | None]) -> None:
-    """Final collaboration matrices of several algorithms side by side."""
-    names = list(mats)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), squeeze=False)
-    im = None
-    for ax, name in zip(axes[0], names, strict=True):
-        im = heatmap(ax, mats[name], clusters, name)
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="w_ij")
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
 
 
 def plot_curves_band(path: Path, runs: dict[str, list[list[dict[str, Any]]]]) -> None:

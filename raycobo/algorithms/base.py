@@ -109,10 +109,3 @@ def evaluate(algo: Algorithm, state: Any, ops: ClientOps) -> Evaluation:
 
 def all_clients(ops: ClientOps) -> torch.Tensor:
     return torch.arange(ops.n_clients, device=ops.device)
-
-
-def cluster_labels(ops: ClientOps) -> torch.Tensor | None:
-    """Ground-truth cluster id per client as a tensor, or None when unknown."""
-    if any(c is None for c in ops.clusters):
-        return None
-    return torch.tensor(ops.clusters, device=ops.device)

@@ -67,19 +67,6 @@ def update_weights(
     return W
 
 
-def alignment_scores(ops: ClientOps, X: torch.Tensor, edges: torch.Tensor, t: int) -> torch.Tensor:
-    """<g_i(z_ij), g_j(z_ij)> for every edge, each gradient on its own client's data.
-
-    X: (n, d); edges: (E, 2) -> (E,)."""
-    i, j = edges[:, 0], edges[:, 1]
-    Z = 0.5 * (X[i] + X[j])  # (E, d) midpoints z_ij
-    clients = torch.cat([i, j])  # (2E,)  client i's batch, then client j's
-    partners = torch.cat([j, i])  # salt: each edge draws fresh batches
-    G, _ = ops.grads(clients, torch.cat([Z, Z]), t, rng.ALIGN, partners)  # (2E, d)
-    E = edges.shape[0]
-    return torch.linalg.vecdot(G[:E], G[E:])
-
-
 def penalty(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """sum_k w_ik (x_i - x_k) for every i: (diag(W 1) - W) X. X: (n, d), W: (n, n)."""
     return W.sum(dim=1, keepdim=True) * X - W @ X
