@@ -142,6 +142,17 @@ def _loop_cobo(loop: PlainLoop, W, sampler: EdgeSampler, rho: float, t: int) -> 
     loop.cobo_round(t, W, sampler.sample(t), rho, 0.1)
 
 
+def write_rows(path: Path, rows: list) -> None:
+    """Dataclass rows as a CSV with a header."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        if rows:
+            w.writerow(rows[0].__dict__.keys())
+        for r in rows:
+            w.writerow(r.__dict__.values())
+
+
 def rss_mb() -> float:
     """Current resident memory of this process in MiB (Linux /proc)."""
     with open("/proc/self/statm") as f:
@@ -194,12 +205,7 @@ def bench_engine(
                 f"{1e3 * base:9.2f} ms/round   speed-up x{base / vec:6.1f}"
             )
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        with (out / "bench_engine.csv").open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(Row.__dataclass_fields__.keys())
-            for r in rows:
-                w.writerow(r.__dict__.values())
+        write_rows(out / "bench_engine.csv", rows)
     return rows
 
 
@@ -304,12 +310,7 @@ def bench_scaling(
         )
         del step, ops, algo
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        with (out / "bench_scaling.csv").open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(ScaleRow.__dataclass_fields__.keys())
-            for r in rows:
-                w.writerow(r.__dict__.values())
+        write_rows(out / "bench_scaling.csv", rows)
         from raycobo.plots import plot_scaling
 
         plot_scaling(out / "bench_scaling.png", [r.__dict__ for r in rows])

@@ -61,6 +61,13 @@ def _guarded(debug: bool, fn, *args, **kwargs):
         _fail(f"{type(err).__name__}: {lines[-1] if lines else ''}"[:500], code=1)
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} must be comma-separated integers, got '{text}'") from None
+
+
 def _callbacks(cfg, quiet: bool, no_tracking: bool, run_name: str | None = None):
     if no_tracking or not cfg.tracking.enabled:
         return []
@@ -176,10 +183,7 @@ def compare(
 
     def go():
         cfg = load_config(config, overrides or [])
-        try:
-            seed_list = [int(x) for x in seeds.split(",") if x.strip()] if seeds else None
-        except ValueError:
-            raise ConfigError(f"--seeds must be comma-separated integers, got '{seeds}'") from None
+        seed_list = _int_list(seeds, "--seeds") if seeds else None
         algos = (
             [a.strip() for a in algorithms.split(",") if a.strip()]
             if algorithms
@@ -284,12 +288,7 @@ def bench_engine_cmd(
 
         if threads:
             torch.set_num_threads(threads)
-        try:
-            ns = [int(c) for c in clients.split(",") if c.strip()]
-        except ValueError:
-            raise ConfigError(
-                f"--clients must be comma-separated integers, got '{clients}'"
-            ) from None
+        ns = _int_list(clients, "--clients")
         bench_engine(ns, rounds, batch_size, out, echo=typer.echo)
         if out is not None:
             typer.echo(f"wrote {out}/bench_engine.csv")
@@ -321,12 +320,7 @@ def bench_scaling_cmd(
             raise ConfigError(f"--task must be quadratic or mlp, got '{task}'")
         if threads:
             torch.set_num_threads(threads)
-        try:
-            ns = [int(c) for c in clients.split(",") if c.strip()]
-        except ValueError:
-            raise ConfigError(
-                f"--clients must be comma-separated integers, got '{clients}'"
-            ) from None
+        ns = _int_list(clients, "--clients")
         target = out or Path("runs") / "bench-scaling"
         tracker = None
         if not no_tracking:
