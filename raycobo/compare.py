@@ -208,7 +208,9 @@ def run_parallel(
         key: task.remote(cfg.to_dict(), str(path.resolve()), cbs)
         for key, (cfg, path, cbs) in jobs.items()
     }
-    return dict(zip(refs, ray.get(list(refs.values())), strict=True))
+    # a bound on the whole batch: every run may take up to engine.timeout_s
+    results = ray.get(list(refs.values()), timeout=first.engine.timeout_s * len(jobs))
+    return dict(zip(refs, results, strict=True))
 
 
 def _pct(v: float | None, digits: int = 1) -> str:
