@@ -163,9 +163,10 @@ def plot_scaling(path: Path, rows: list[dict[str, Any]]) -> None:
     panels = [("ms_per_round", "ms per round"), ("rss_mib", "memory (MiB)"), (quality, quality)]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, (key, label) in zip(axes, panels, strict=True):
-        ax.plot(n, [r[key] for r in rows], marker="o")
+        values = [r[key] for r in rows]
+        ax.plot(n, values, marker="o")
         ax.set_xscale("log")
-        if key != "final_accuracy":
+        if key != "final_accuracy" and all(v is not None and v > 0 for v in values):
             ax.set_yscale("log")
         ax.set_xlabel("clients n")
         ax.set_ylabel(label)
