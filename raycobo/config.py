@@ -125,6 +125,12 @@ class AlgorithmConfig(_Section):
     client_rate: float = Field(default=1.0, gt=0, le=1)
     fc_threshold: float | None = Field(default=None, gt=0)
     fc_iters: int = Field(default=3, ge=1)
+    # FedeRiCo (defaults from the paper: M = 3, epsilon = 0.3, beta = 0.6, Adam lr 0.01)
+    neighbors: int = Field(default=3, ge=1, description="M, neighbours sampled per round")
+    epsilon: float = Field(default=0.3, ge=0, le=1, description="epsilon-greedy exploration")
+    beta: float = Field(default=0.6, ge=0, lt=1, description="EMA momentum of losses")
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    mixture_components: int = Field(default=8, ge=1, description="models in a prediction")
 
 
 class EngineConfig(_Section):

@@ -13,6 +13,7 @@ from raycobo.algorithms.cobo import CoBo
 from raycobo.algorithms.ditto import Ditto
 from raycobo.algorithms.fc import FederatedClustering
 from raycobo.algorithms.fedavg import FedAvg, FedAvgFT
+from raycobo.algorithms.federico import FedeRiCo
 from raycobo.algorithms.ifca import IFCA
 from raycobo.algorithms.local import Local
 from raycobo.algorithms.oracle import Oracle
@@ -27,6 +28,7 @@ ALGORITHMS: dict[str, Callable[[AlgorithmConfig, int, int], Algorithm]] = {
     "ifca": IFCA,
     "fc": FederatedClustering,
     "oracle": Oracle,
+    "federico": FedeRiCo,
 }
 
 

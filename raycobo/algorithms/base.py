@@ -77,6 +77,13 @@ class ClientOps(Protocol):
         """Test metrics of client k's model Z[k] on client k's test data."""
         ...
 
+    def evaluate_mixture(
+        self, clients: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor
+    ) -> Evaluation:
+        """Test metrics of client k predicting with sum_j weights[k, j] p(y | x; Z[k, j])
+        (FedeRiCo's mixture). Z: (m, k, d), weights: (m, k)."""
+        ...
+
 
 class Algorithm(Protocol):
     """A collaborative-learning method over explicit state."""

@@ -113,3 +113,10 @@ class QuadraticOps:
 
     def evaluate(self, clients: torch.Tensor, Z: torch.Tensor) -> Evaluation:
         return Evaluation(loss=self.loss_values(clients.to(self.device), Z), accuracy=None)
+
+    def evaluate_mixture(
+        self, clients: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor
+    ) -> Evaluation:
+        """A regression "mixture" predicts with the weighted parameter average. Z: (m, k, d)."""
+        point = (weights.to(Z.dtype)[..., None] * Z).sum(dim=1)  # (m, d)
+        return self.evaluate(clients, point)

@@ -177,37 +177,51 @@ class VectorizedOps(_SupervisedBase):
 
     @torch.no_grad()
     def evaluate(self, clients: torch.Tensor, Z: torch.Tensor) -> Evaluation:
-        """Test loss/accuracy of Z[k] on client k's test set, batched over clients with
-        padded test blocks."""
-        m = clients.numel()
+        """Test loss/accuracy of Z[k] on client k's test set."""
+        ones = torch.ones(clients.numel(), 1, device=self.device, dtype=Z.dtype)
+        return self.evaluate_mixture(clients, Z[:, None], ones)
+
+    @torch.no_grad()
+    def evaluate_mixture(
+        self, clients: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor
+    ) -> Evaluation:
+        """Test metrics of client k predicting with the mixture sum_j weights[k, j]
+        softmax(h_{Z[k, j]}(x)). Z: (m, k, d), weights: (m, k) rows summing to 1. Batched
+        over clients with padded test blocks; log-probabilities combined by logsumexp."""
+        m, k = Z.shape[0], Z.shape[1]
         loss_sum = torch.zeros(m, device=self.device, dtype=torch.float64)
         correct = torch.zeros(m, device=self.device, dtype=torch.float64)
         count = torch.zeros(m, device=self.device, dtype=torch.float64)
         cl = clients.tolist()
         lengths = torch.tensor([self.test_idx[c].numel() for c in cl])
         T = int(lengths.max()) if m else 0
-        per_chunk = max(1, self.chunk_size)
+        logw = torch.log(weights.to(Z.dtype).clamp_min(1e-30))  # (m, k)
+        per_chunk = max(1, self.chunk_size // k)
         for a in range(0, m, per_chunk):
             ids = list(range(a, min(m, a + per_chunk)))
             idx = torch.zeros(len(ids), T, dtype=torch.int64, device=self.device)
             lab = torch.zeros(len(ids), T, dtype=torch.int64, device=self.device)
             mask = torch.zeros(len(ids), T, dtype=torch.bool, device=self.device)
-            for r, k in enumerate(ids):
-                n_k = int(lengths[k])
-                idx[r, :n_k] = self.test_idx[cl[k]]
-                lab[r, :n_k] = self.test_y[cl[k]]
-                mask[r, :n_k] = True
-            P = Z[a : a + len(ids)]
+            for r, c in enumerate(ids):
+                n_c = int(lengths[c])
+                idx[r, :n_c] = self.test_idx[cl[c]]
+                lab[r, :n_c] = self.test_y[cl[c]]
+                mask[r, :n_c] = True
+            r = len(ids)
+            P = Z[a : a + r].reshape(r * k, -1)  # (r*k, d), client-major
             for b in range(0, T, self.eval_block):
                 sl = slice(b, min(T, b + self.eval_block))
-                logits = self.model.forward(P, self.test_x[idx[:, sl]])  # (r, blk, C)
-                r, blk, C = logits.shape
-                per = F.cross_entropy(
-                    logits.reshape(r * blk, C), lab[:, sl].reshape(-1), reduction="none"
-                ).view(r, blk)
+                x = self.test_x[idx[:, sl]]  # (r, blk, ...)
+                xk = x.unsqueeze(1).expand(r, k, *x.shape[1:]).reshape(r * k, *x.shape[1:])
+                logp = torch.log_softmax(self.model.forward(P, xk), dim=-1)  # (r*k, blk, C)
+                blk, C = logp.shape[1], logp.shape[2]
+                logp = logp.view(r, k, blk, C) + logw[a : a + r, :, None, None]
+                mix = torch.logsumexp(logp, dim=1)  # (r, blk, C) log of the mixture
+                y = lab[:, sl]
+                nll = -mix.gather(-1, y[..., None]).squeeze(-1)  # (r, blk)
                 mk = mask[:, sl]
-                loss_sum[a : a + r] += (per * mk).sum(1).double()
-                correct[a : a + r] += ((logits.argmax(-1) == lab[:, sl]) & mk).sum(1).double()
+                loss_sum[a : a + r] += (nll * mk).sum(1).double()
+                correct[a : a + r] += ((mix.argmax(-1) == y) & mk).sum(1).double()
                 count[a : a + r] += mk.sum(1).double()
         return Evaluation(loss=(loss_sum / count).float(), accuracy=(correct / count).float())
 
@@ -247,6 +261,22 @@ class LoopOps(_SupervisedBase):
             )
             out[k] = self._module_loss(Z[k], xb[0], yb[0])
         return out
+
+    @torch.no_grad()
+    def evaluate_mixture(
+        self, clients: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor
+    ) -> Evaluation:
+        losses, accs = [], []
+        module = self.model.module
+        for r, c in enumerate(clients.tolist()):
+            x, y = self.test_x[self.test_idx[c]], self.test_y[c]
+            probs = 0
+            for j in range(Z.shape[1]):
+                self.model.load_into(module, Z[r, j])
+                probs = probs + weights[r, j] * torch.softmax(module(x), dim=-1)
+            losses.append(-torch.log(probs.gather(1, y[:, None]).clamp_min(1e-30)).mean())
+            accs.append((probs.argmax(-1) == y).float().mean())
+        return Evaluation(loss=torch.stack(losses), accuracy=torch.stack(accs))
 
     @torch.no_grad()
     def evaluate(self, clients: torch.Tensor, Z: torch.Tensor) -> Evaluation:

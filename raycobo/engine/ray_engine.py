@@ -159,6 +159,14 @@ class ClientHostImpl:
             )
         )
 
+    def evaluate_mixture(self, local, Z, weights):
+        def go():
+            ev = self.ops.evaluate_mixture(self._in(local), self._in(Z), self._in(weights))
+            acc = ev.accuracy.cpu().numpy() if ev.accuracy is not None else None
+            return ev.loss.cpu().numpy(), acc
+
+        return self._timed(go)
+
     def evaluate(self, local, Z):
         def go():
             ev = self.ops.evaluate(self._in(local), self._in(Z))
@@ -291,6 +299,18 @@ class RayClientOps:
         m = clients.numel()
         parts = self._split(clients, Z)
         res = self._call("evaluate", {h: (loc, z) for h, (_, loc, z) in parts.items()})
+        return self._gather_eval(m, parts, res)
+
+    def evaluate_mixture(self, clients, Z, weights) -> Evaluation:
+        m = clients.numel()
+        parts = self._split(clients, Z, weights)
+        res = self._call(
+            "evaluate_mixture", {h: (loc, z, w) for h, (_, loc, z, w) in parts.items()}
+        )
+        return self._gather_eval(m, parts, res)
+
+    @staticmethod
+    def _gather_eval(m: int, parts, res) -> Evaluation:
         loss = torch.empty(m)
         acc = torch.empty(m)
         has_acc = True

@@ -76,7 +76,7 @@ def test_alignment_uses_each_clients_own_data(both_engines):
 
 
 @pytest.mark.parametrize(
-    "name", ["cobo", "local", "fedavg", "fedavg_ft", "ditto", "ifca", "fc", "oracle"]
+    "name", ["cobo", "local", "fedavg", "fedavg_ft", "ditto", "ifca", "fc", "oracle", "federico"]
 )
 def test_algorithms_agree_across_engines(both_engines, name):
     cfg, data, vec, loop = both_engines

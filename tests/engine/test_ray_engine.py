@@ -76,7 +76,9 @@ def test_local_ray_is_bound_to_loopback(ray_2_cpus_2_fake_gpus):
     assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
 
 
-@pytest.mark.parametrize("name", ["cobo", "fedavg", "ditto", "ifca", "oracle", "fedavg_ft"])
+@pytest.mark.parametrize(
+    "name", ["cobo", "fedavg", "ditto", "ifca", "oracle", "fedavg_ft", "federico"]
+)
 def test_same_numbers_as_the_local_engine(ray_2_cpus_2_fake_gpus, quad_cfg_module, name):
     cfg = with_overrides(quad_cfg_module, {"algorithm.name": name})
     X_l, W_l, L_l = run_local(cfg, cfg.rounds)
