@@ -68,12 +68,17 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag} must be comma-separated integers, got '{text}'") from None
 
 
-def _callbacks(cfg, quiet: bool, no_tracking: bool, run_name: str | None = None):
+def _callbacks(cfg, no_tracking: bool):
     if no_tracking or not cfg.tracking.enabled:
         return []
     from raycobo.tracking import MLflowTracker
 
-    return [MLflowTracker(cfg.tracking, run_name=run_name, quiet=False)]
+    return [MLflowTracker(cfg.tracking)]
+
+
+def _num(v, spec: str = ".4g") -> str:
+    """A number for tables; '-' where a diverged run has none."""
+    return "-" if v is None else format(v, spec)
 
 
 def _progress(label: str, quiet: bool):
@@ -100,14 +105,14 @@ def run(
         res = run_experiment(
             cfg,
             out,
-            _callbacks(cfg, quiet, no_tracking),
+            _callbacks(cfg, no_tracking),
             _progress(f"{cfg.algorithm.name}", quiet),
         )
         s = res.summary
         acc = s["mean_accuracy"]
         acc_s = f"mean accuracy {100 * acc:.2f}%  " if acc is not None else ""
         typer.echo(
-            f"{s['algorithm']}: {acc_s}mean loss {s['mean_loss']:.4g}  ({s['wall_seconds']:.1f} s)"
+            f"{s['algorithm']}: {acc_s}mean loss {_num(s['mean_loss'])}  ({s['wall_seconds']:.1f} s)"
         )
         typer.echo(f"run directory: {res.run_dir}")
 
@@ -126,7 +131,7 @@ def _print_table(rows) -> None:
         if r["mean_accuracy"] is not None and len(r.get("seeds", [])) > 1:
             acc += f" ± {100 * r['std_accuracy']:.2f}"
         imp = "-" if r["improved_vs_local"] is None else f"{r['improved_vs_local']:.0f}"
-        t.add_row(r["algorithm"], acc, f"{r['mean_loss']:.4f}", imp, f"{r['wall_seconds']:.1f}")
+        t.add_row(r["algorithm"], acc, _num(r["mean_loss"], ".4f"), imp, f"{r['wall_seconds']:.1f}")
     Console().print(t)
 
 
