@@ -111,9 +111,8 @@ def run(
         s = res.summary
         acc = s["mean_accuracy"]
         acc_s = f"mean accuracy {100 * acc:.2f}%  " if acc is not None else ""
-        typer.echo(
-            f"{s['algorithm']}: {acc_s}mean loss {_num(s['mean_loss'])}  ({s['wall_seconds']:.1f} s)"
-        )
+        loss, wall = _num(s["mean_loss"]), s["wall_seconds"]
+        typer.echo(f"{s['algorithm']}: {acc_s}mean loss {loss}  ({wall:.1f} s)")
         typer.echo(f"run directory: {res.run_dir}")
 
     _guarded(debug, go)
