@@ -9,6 +9,7 @@ from torch.testing import assert_close
 from raycobo.algorithms import build_algorithm, evaluate
 from raycobo.data import load_data
 from raycobo.engine import make_local_ops
+from tests.helpers import run_rounds
 
 
 def setup(quad_cfg, *over):
@@ -17,13 +18,6 @@ def setup(quad_cfg, *over):
     ops = make_local_ops(cfg, data)
     algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
     return cfg, data, ops, algo
-
-
-def run(algo, ops, rounds, state=None):
-    state = algo.init(ops) if state is None else state
-    for t in range(rounds):
-        state, _ = algo.round(state, t, ops)
-    return state
 
 
 def test_fedavg_step_is_the_average_of_client_steps(quad_cfg):
@@ -54,7 +48,7 @@ def test_fedavg_converges_to_minimiser_of_the_average(quad_cfg):
         "algorithm.lr=0.2",
         "data.partition.clients_per_cluster=[2,3]",
     )
-    state = run(algo, ops, 300)
+    state = run_rounds(algo, ops, 300)
     a = data.a[:, None]
     x_star = (a * data.optima()).sum(0) / a.sum()  # argmin sum_i a_i/2 ||x - mu_i||^2
     assert_close(state.x, x_star, atol=1e-4, rtol=0)
@@ -68,7 +62,7 @@ def test_oracle_reaches_each_cluster_centre_with_indicator_w(quad_cfg):
         "algorithm.lr=0.2",
         "data.partition.clients_per_cluster=[2,3,1]",
     )
-    state = run(algo, ops, 200)
+    state = run_rounds(algo, ops, 200)
     assert_close(algo.eval_params(state), data.optima(), atol=1e-4, rtol=0)
     cl = data.cluster
     assert torch.equal(algo.collaboration(state), (cl[:, None] == cl[None, :]).float())
@@ -77,7 +71,7 @@ def test_oracle_reaches_each_cluster_centre_with_indicator_w(quad_cfg):
 def test_ditto_with_lambda_zero_is_local_training(quad_cfg):
     _, _, ops, ditto = setup(quad_cfg, "algorithm.name=ditto", "algorithm.lam=0", "data.noise=0.3")
     _, _, _, local = setup(quad_cfg, "algorithm.name=local", "data.noise=0.3")
-    s_d, s_l = run(ditto, ops, 15), run(local, ops, 15)
+    s_d, s_l = run_rounds(ditto, ops, 15), run_rounds(local, ops, 15)
     assert_close(ditto.eval_params(s_d), local.eval_params(s_l))
 
 
@@ -102,11 +96,10 @@ def test_fedavg_ft_is_fedavg_then_local(quad_cfg):
     over = ("data.noise=0.2", "rounds=12", "algorithm.ft_steps=4", "algorithm.lr=0.1")
     _, _, ops, ft = setup(quad_cfg, "algorithm.name=fedavg_ft", *over)
     _, _, _, fa = setup(quad_cfg, "algorithm.name=fedavg", *over)
-    s_ft = run(ft, ops, 8)
-    s_fa = run(fa, ops, 8)
+    s_ft = run_rounds(ft, ops, 8)
+    s_fa = run_rounds(fa, ops, 8)
     assert_close(s_ft.x, s_fa.x)
-    for t in range(8, 12):
-        s_ft, _ = ft.round(s_ft, t, ops)
+    s_ft = run_rounds(ft, ops, 4, s_ft, start=8)
     assert s_ft.X is not None
     assert not torch.allclose(s_ft.X[0], s_ft.X[1])  # personalised after fine-tuning
     assert_close(s_ft.x, s_fa.x)  # the global model is frozen during fine-tuning
@@ -134,7 +127,7 @@ def test_ifca_recovers_well_separated_clusters(quad_cfg):
         "algorithm.lr=0.2",
         "seed=1",
     )
-    state = run(algo, ops, 100)
+    state = run_rounds(algo, ops, 100)
     assert _same_partition(state.assign, data.cluster)
     assert_close(algo.eval_params(state), data.optima(), atol=0.05, rtol=0)
     assert float(evaluate(algo, state, ops).loss.max()) < 1e-2
@@ -150,7 +143,7 @@ def test_fc_threshold_clustering_recovers_clusters(quad_cfg):
         "algorithm.lr=0.1",
         "data.init_scale=0",
     )
-    state = run(algo, ops, 100)
+    state = run_rounds(algo, ops, 100)
     cl = data.cluster
     assert torch.equal(algo.collaboration(state), (cl[:, None] == cl[None, :]).float())
     assert_close(state.X, data.optima(), atol=0.05, rtol=0)
@@ -168,6 +161,6 @@ def test_threshold_clustering_ignores_outliers():
 
 def test_local_has_no_collaboration(quad_cfg):
     _, data, ops, algo = setup(quad_cfg, "algorithm.name=local", "data.noise=0", "algorithm.lr=0.3")
-    state = run(algo, ops, 100)
+    state = run_rounds(algo, ops, 100)
     assert_close(state.X, data.optima(), atol=1e-4, rtol=0)
     assert algo.collaboration(state) is None

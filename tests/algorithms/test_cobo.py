@@ -9,6 +9,7 @@ from raycobo.algorithms import build_algorithm, evaluate
 from raycobo.algorithms.cobo import CoBo, CoBoState, penalty, update_weights
 from raycobo.config import AlgorithmConfig
 from raycobo.data.quadratic import QuadraticOps, QuadraticProblem
+from tests.helpers import run_rounds
 
 
 def two_clients(mu1, mu2, a=(1.0, 2.0), x0=None, noise=0.0):
@@ -77,18 +78,11 @@ def test_penalty_is_weighted_sum_of_differences():
     assert_close(penalty(X, W), expected)
 
 
-def _run(algo, ops, rounds):
-    state = algo.init(ops)
-    for t in range(rounds):
-        state, _ = algo.round(state, t, ops)
-    return state
-
-
 def test_figure1_point_a_far_from_optima_keeps_collaborating():
     """Both models far from nearby optima: gradients at the midpoint align, w stays 1."""
     ops = two_clients([1.0, 0.0], [-1.0, 0.0], x0=[0.0, 50.0])
     cfg = AlgorithmConfig(name="cobo", lr=0.01, rho=0.1, gamma=0.1, sampling="full")
-    state = _run(CoBo(cfg, 20, 0), ops, 20)
+    state = run_rounds(CoBo(cfg, 20, 0), ops, 20)
     assert state.W[0, 1] == 1.0
 
 
@@ -96,7 +90,7 @@ def test_figure1_point_b_separated_optima_disconnect():
     """Near convergence with distinct optima the gradients oppose: w goes to 0."""
     ops = two_clients([3.0, 0.0], [-3.0, 0.0], x0=[0.0, 0.0])
     cfg = AlgorithmConfig(name="cobo", lr=0.1, rho=0.1, gamma=0.1, sampling="full")
-    state = _run(CoBo(cfg, 150, 0), ops, 150)
+    state = run_rounds(CoBo(cfg, 150, 0), ops, 150)
     assert state.W[0, 1] == 0.0
     # disconnected, each model reaches its own optimum
     assert_close(state.X, torch.tensor([[3.0, 0.0], [-3.0, 0.0]]), atol=1e-3, rtol=0)
@@ -123,7 +117,7 @@ def test_example2_uneven_clusters_recover_blocks_and_optima(quad_cfg):
     data = load_data(cfg)
     ops = make_local_ops(cfg, data)
     algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
-    state = _run(algo, ops, cfg.rounds)
+    state = run_rounds(algo, ops, cfg.rounds)
 
     cl = data.cluster
     same = (cl[:, None] == cl[None, :]).float()

@@ -10,6 +10,7 @@ from raycobo.algorithms.federico import FedeRiCo, select_neighbours
 from raycobo.config import AlgorithmConfig
 from raycobo.data import load_data
 from raycobo.engine import make_local_ops
+from tests.helpers import run_rounds
 
 
 def test_e_step_is_softmax_of_ema_losses_by_hand(quad_cfg):
@@ -97,9 +98,7 @@ def test_weights_concentrate_on_the_own_cluster(quad_cfg):
     data = load_data(cfg)
     ops = make_local_ops(cfg, data)
     algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
-    state = algo.init(ops)
-    for t in range(cfg.rounds):
-        state, _ = algo.round(state, t, ops)
+    state = run_rounds(algo, ops, cfg.rounds)
     cl = data.cluster
     same = cl[:, None] == cl[None, :]
     W = algo.collaboration(state)
@@ -118,9 +117,7 @@ def test_mixture_prediction_agrees_across_engines(digits_cfg):
     for kind in ("local", "loop"):
         ops = make_local_ops(with_overrides(cfg, {"engine.kind": kind}), data)
         algo = build_algorithm(cfg.algorithm, 4, cfg.seed)
-        state = algo.init(ops)
-        for t in range(4):
-            state, _ = algo.round(state, t, ops)
+        state = run_rounds(algo, ops, 4)
         out.append((state.Phi, state.W, evaluate(algo, state, ops)))
     (P1, W1, e1), (P2, W2, e2) = out
     assert_close(P1, P2, atol=1e-5, rtol=1e-4)

@@ -10,6 +10,7 @@ from raycobo.algorithms import build_algorithm, evaluate
 from raycobo.config import with_overrides
 from raycobo.data import load_data
 from raycobo.engine import make_local_ops
+from tests.helpers import run_rounds
 
 
 @pytest.fixture
@@ -86,9 +87,7 @@ def test_algorithms_agree_across_engines(both_engines, name):
     results = []
     for ops in (vec, loop):
         algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
-        state = algo.init(ops)
-        for t in range(cfg.rounds):
-            state, _ = algo.round(state, t, ops)
+        state = run_rounds(algo, ops, cfg.rounds)
         W = algo.collaboration(state)
         results.append((algo.eval_params(state), W, evaluate(algo, state, ops).loss))
     (Xv, Wv, Lv), (Xl, Wl, Ll) = results
@@ -120,9 +119,7 @@ def test_conv_model_engines_agree():
     for kind in ("local", "loop"):
         ops = make_local_ops(with_overrides(cfg, {"engine.kind": kind}), data)
         algo = build_algorithm(cfg.algorithm, 3, cfg.seed)
-        state = algo.init(ops)
-        for t in range(3):
-            state, _ = algo.round(state, t, ops)
+        state = run_rounds(algo, ops, 3)
         out.append((state.X, state.W))
     assert_close(out[0][0], out[1][0], atol=1e-5, rtol=1e-4)
     assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-4)

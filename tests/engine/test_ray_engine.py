@@ -13,6 +13,7 @@ from raycobo.config import with_overrides  # noqa: E402
 from raycobo.data import load_data  # noqa: E402
 from raycobo.engine import make_local_ops  # noqa: E402
 from raycobo.engine.ray_engine import RayRun, start_ray  # noqa: E402
+from tests.helpers import run_rounds  # noqa: E402
 
 TIMEOUT = 120
 
@@ -52,9 +53,7 @@ def run_local(cfg, rounds):
     data = load_data(cfg)
     ops = make_local_ops(cfg, data)
     algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
-    state = algo.init(ops)
-    for t in range(rounds):
-        state, _ = algo.round(state, t, ops)
+    state = run_rounds(algo, ops, rounds)
     return algo.eval_params(state), algo.collaboration(state), evaluate(algo, state, ops).loss
 
 
