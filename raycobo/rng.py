@@ -73,6 +73,21 @@ def randint(n: torch.Tensor | int, *keys: torch.Tensor | int) -> torch.Tensor:
     return hash_ints(*keys) % torch.as_tensor(n, dtype=torch.int64)
 
 
+def per_row(value: torch.Tensor | int, m: int) -> torch.Tensor:
+    """A per-request coordinate (stream, salt) as an (m,) int64 tensor: a scalar is
+    broadcast to every row."""
+    v = torch.as_tensor(value, dtype=torch.int64).reshape(-1)
+    return v.expand(m) if v.numel() == 1 else v
+
+
+def column(value: torch.Tensor | int) -> torch.Tensor | int:
+    """A coordinate as a hash key for (m, ...) draws: a plain int stays an int (hashed in
+    Python), anything else becomes an (m, 1) CPU column."""
+    if isinstance(value, int):
+        return value
+    return torch.as_tensor(value, dtype=torch.int64).cpu().reshape(-1, 1)
+
+
 def uniform(*keys: torch.Tensor | int) -> torch.Tensor:
     """Uniform floats in (0, 1) in float64."""
     return (hash_ints(*keys).to(torch.float64) + 0.5) / 4294967296.0

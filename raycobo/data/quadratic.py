@@ -99,12 +99,10 @@ class QuadraticOps:
         clients = clients.to(self.device)
         G = self._a[clients, None] * (Z - self._mu[clients])  # (m, d) exact gradient
         if self.p.noise > 0:
-            salt_t = torch.as_tensor(salt, dtype=torch.int64).reshape(-1, 1)
             coords = torch.arange(self.dim).reshape(1, -1)
             ids = self.ids[clients.cpu()].reshape(-1, 1)
-            if not isinstance(stream, int):  # one stream per row
-                stream = torch.as_tensor(stream, dtype=torch.int64).cpu().reshape(-1, 1)
-            xi = rng.normal(self.seed, round, stream, ids, salt_t, coords)  # (m, d)
+            keys = (self.seed, round, rng.column(stream), ids, rng.column(salt), coords)
+            xi = rng.normal(*keys)  # (m, d)
             G = G + self.p.noise * xi.to(G.dtype).to(self.device)
         return G, self.loss_values(clients, Z)
 

@@ -50,16 +50,20 @@ class ClientBatches:
         self.labels = torch.cat(data.train_y).to(device)  # (sum n_c,)
         self.x = data.train_x.to(device)
 
+    def _keys(self, clients: torch.Tensor, round: int, stream, salt) -> tuple:
+        """Hash coordinates of every sample of the batch: (seed, round, stream, global
+        client id, salt, k), broadcasting to (m, B)."""
+        c = clients.cpu().reshape(-1, 1)
+        k = torch.arange(self.batch_size).reshape(1, -1)
+        return (self.seed, round, rng.column(stream), self.ids[c], rng.column(salt), k)
+
     def positions(
         self, clients: torch.Tensor, round: int, stream, salt: torch.Tensor | int
     ) -> torch.Tensor:
-        """Positions into the concatenated client arrays, (m, B). ``stream`` is an int or
-        one per row (requests of several kinds in one call)."""
-        stream = _key(stream)
+        """Positions into the concatenated client arrays, (m, B). ``stream`` and ``salt``
+        are ints or one per row (requests of several kinds in one call)."""
         c = clients.cpu().reshape(-1, 1)
-        s = torch.as_tensor(salt, dtype=torch.int64).cpu().reshape(-1, 1)
-        k = torch.arange(self.batch_size).reshape(1, -1)
-        draw = rng.randint(self.sizes[c], self.seed, round, stream, self.ids[c], s, k)  # (m, B)
+        draw = rng.randint(self.sizes[c], *self._keys(clients, round, stream, salt))  # (m, B)
         return (self.offsets[c] + draw).to(self.device)
 
     def batch(
@@ -70,23 +74,8 @@ class ClientBatches:
         if self.augment:
             from raycobo.data.augment import crop_flip
 
-            c = self.ids[clients.cpu()].reshape(-1, 1)
-            s = torch.as_tensor(salt, dtype=torch.int64).cpu().reshape(-1, 1)
-            k = torch.arange(self.batch_size).reshape(1, -1)
-            xb = crop_flip(xb, (self.seed, round, _key(stream), c, s, k))
+            xb = crop_flip(xb, self._keys(clients, round, stream, salt))
         return xb, self.labels[pos]  # (m, B, ...), (m, B)
-
-
-def _salts(salt: torch.Tensor | int, m: int) -> torch.Tensor:
-    s = torch.as_tensor(salt, dtype=torch.int64).reshape(-1)
-    return s.expand(m) if s.numel() == 1 else s
-
-
-def _key(stream):
-    """An int stream stays a Python int (cheap hashing); per-row streams become (m, 1)."""
-    if isinstance(stream, int):
-        return stream
-    return torch.as_tensor(stream, dtype=torch.int64).cpu().reshape(-1, 1)
 
 
 class _SupervisedBase:
@@ -148,7 +137,7 @@ class VectorizedOps(_SupervisedBase):
 
     def grads(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
-        salts, streams = _salts(salt, m), _salts(stream, m)
+        salts, streams = rng.per_row(salt, m), rng.per_row(stream, m)
         G = torch.empty(m, self.dim, device=self.device, dtype=Z.dtype)
         L = torch.empty(m, device=self.device, dtype=Z.dtype)
         for sl in self._chunks(m):
@@ -168,7 +157,7 @@ class VectorizedOps(_SupervisedBase):
     @torch.no_grad()
     def losses(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
-        salts, streams = _salts(salt, m), _salts(stream, m)
+        salts, streams = rng.per_row(salt, m), rng.per_row(stream, m)
         out = torch.empty(m, device=self.device, dtype=Z.dtype)
         for sl in self._chunks(m):
             xb, yb = self.batches.batch(clients[sl], round, streams[sl], salts[sl])
@@ -235,7 +224,8 @@ class LoopOps(_SupervisedBase):
         return F.cross_entropy(module(xb), yb)
 
     def grads(self, clients, Z, round, stream, salt=0):
-        salts, streams = _salts(salt, clients.numel()), _salts(stream, clients.numel())
+        m = clients.numel()
+        salts, streams = rng.per_row(salt, m), rng.per_row(stream, m)
         G = torch.empty_like(Z)
         L = torch.empty(clients.numel(), device=self.device, dtype=Z.dtype)
         module = self.model.module
@@ -253,7 +243,8 @@ class LoopOps(_SupervisedBase):
 
     @torch.no_grad()
     def losses(self, clients, Z, round, stream, salt=0):
-        salts, streams = _salts(salt, clients.numel()), _salts(stream, clients.numel())
+        m = clients.numel()
+        salts, streams = rng.per_row(salt, m), rng.per_row(stream, m)
         out = torch.empty(clients.numel(), device=self.device, dtype=Z.dtype)
         for k in range(clients.numel()):
             xb, yb = self.batches.batch(

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raycobo import rng
 from raycobo.algorithms.base import Evaluation
 from raycobo.config import Config
 
@@ -256,11 +257,6 @@ class RayClientOps:
             )
         return parts
 
-    @staticmethod
-    def _salts(salt, m: int) -> torch.Tensor:
-        s = torch.as_tensor(salt, dtype=torch.int64).reshape(-1)
-        return s.expand(m).clone() if s.numel() == 1 else s
-
     # -- ClientOps -----------------------------------------------------------------------
     def initial_params(self) -> torch.Tensor:
         return self._call("initial_params", {0: ()})[0]
@@ -273,7 +269,7 @@ class RayClientOps:
 
     def grads(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
-        parts = self._split(clients, Z, self._salts(salt, m), self._salts(stream, m))
+        parts = self._split(clients, Z, rng.per_row(salt, m), rng.per_row(stream, m))
         res = self._call(
             "grads", {h: (loc, z, round, st, s) for h, (_, loc, z, s, st) in parts.items()}
         )
@@ -286,7 +282,7 @@ class RayClientOps:
 
     def losses(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
-        parts = self._split(clients, Z, self._salts(salt, m), self._salts(stream, m))
+        parts = self._split(clients, Z, rng.per_row(salt, m), rng.per_row(stream, m))
         res = self._call(
             "losses", {h: (loc, z, round, st, s) for h, (_, loc, z, s, st) in parts.items()}
         )
