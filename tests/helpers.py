@@ -9,3 +9,29 @@ def run_rounds(algo, ops, rounds: int, state=None, start: int = 0):
     for t in range(start, start + rounds):
         state, _ = algo.round(state, t, ops)
     return state
+
+
+def build(cfg, data=None, rounds: int | None = None):
+    """(data, ops, algo) for a config on its own engine kind."""
+    from raycobo.algorithms import build_algorithm
+    from raycobo.data import load_data
+    from raycobo.engine import make_local_ops
+
+    data = load_data(cfg) if data is None else data
+    ops = make_local_ops(cfg, data)
+    return data, ops, build_algorithm(cfg.algorithm, rounds or cfg.rounds, cfg.seed)
+
+
+def on_engines(cfg, rounds: int, kinds=("local", "loop")):
+    """Run ``cfg`` for ``rounds`` on each engine kind over the same data.
+
+    Returns [(algo, ops, state)] in the order of ``kinds``."""
+    from raycobo.config import with_overrides
+    from raycobo.data import load_data
+
+    data = load_data(cfg)
+    out = []
+    for kind in kinds:
+        _, ops, algo = build(with_overrides(cfg, {"engine.kind": kind}), data, rounds)
+        out.append((algo, ops, run_rounds(algo, ops, rounds)))
+    return out

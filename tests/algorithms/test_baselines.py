@@ -6,17 +6,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from raycobo.algorithms import build_algorithm, evaluate
-from raycobo.data import load_data
-from raycobo.engine import make_local_ops
-from tests.helpers import run_rounds
+from raycobo.algorithms import evaluate
+from tests.helpers import build, run_rounds
 
 
 def setup(quad_cfg, *over):
     cfg = quad_cfg(*over)
-    data = load_data(cfg)
-    ops = make_local_ops(cfg, data)
-    algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
+    data, ops, algo = build(cfg)
     return cfg, data, ops, algo
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch.testing import assert_close
 
-from raycobo.algorithms import build_algorithm, evaluate
+from raycobo.algorithms import evaluate
 from raycobo.algorithms.cobo import CoBo, CoBoState, penalty, update_weights
 from raycobo.config import AlgorithmConfig
 from raycobo.data.quadratic import QuadraticOps, QuadraticProblem
-from tests.helpers import run_rounds
+from tests.helpers import build, run_rounds
 
 
 def two_clients(mu1, mu2, a=(1.0, 2.0), x0=None, noise=0.0):
@@ -99,8 +99,6 @@ def test_figure1_point_b_separated_optima_disconnect():
 def test_example2_uneven_clusters_recover_blocks_and_optima(quad_cfg):
     """CoBo Example 2: clusters of 2, 3 and 4 clients. W becomes the block indicator and
     every x_i reaches its cluster centre mu_k."""
-    from raycobo.data import load_data
-    from raycobo.engine import make_local_ops
 
     cfg = quad_cfg(
         "data.partition.clients_per_cluster=[2,3,4]",
@@ -114,9 +112,7 @@ def test_example2_uneven_clusters_recover_blocks_and_optima(quad_cfg):
         "algorithm.sampling_c=3",
         "rounds=600",
     )
-    data = load_data(cfg)
-    ops = make_local_ops(cfg, data)
-    algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
+    data, ops, algo = build(cfg)
     state = run_rounds(algo, ops, cfg.rounds)
 
     cl = data.cluster

@@ -10,7 +10,7 @@ from raycobo.algorithms.federico import FedeRiCo, select_neighbours
 from raycobo.config import AlgorithmConfig
 from raycobo.data import load_data
 from raycobo.engine import make_local_ops
-from tests.helpers import run_rounds
+from tests.helpers import build, on_engines, run_rounds
 
 
 def test_e_step_is_softmax_of_ema_losses_by_hand(quad_cfg):
@@ -95,9 +95,7 @@ def test_weights_concentrate_on_the_own_cluster(quad_cfg):
         "algorithm.lr=0.05",
         "rounds=300",
     )
-    data = load_data(cfg)
-    ops = make_local_ops(cfg, data)
-    algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
+    data, ops, algo = build(cfg)
     state = run_rounds(algo, ops, cfg.rounds)
     cl = data.cluster
     same = cl[:, None] == cl[None, :]
@@ -109,16 +107,8 @@ def test_weights_concentrate_on_the_own_cluster(quad_cfg):
 
 def test_mixture_prediction_agrees_across_engines(digits_cfg):
     """The mixture sum_j w_ij p(y|x; phi_j): vectorized logsumexp path = per-client loop."""
-    from raycobo.config import with_overrides
-
     cfg = digits_cfg("algorithm.name=federico", "algorithm.optimizer=adam", "algorithm.lr=0.01")
-    data = load_data(cfg)
-    out = []
-    for kind in ("local", "loop"):
-        ops = make_local_ops(with_overrides(cfg, {"engine.kind": kind}), data)
-        algo = build_algorithm(cfg.algorithm, 4, cfg.seed)
-        state = run_rounds(algo, ops, 4)
-        out.append((state.Phi, state.W, evaluate(algo, state, ops)))
+    out = [(s.Phi, s.W, evaluate(a, s, o)) for a, o, s in on_engines(cfg, 4)]
     (P1, W1, e1), (P2, W2, e2) = out
     assert_close(P1, P2, atol=1e-5, rtol=1e-4)
     assert_close(W1, W2, atol=1e-5, rtol=1e-4)

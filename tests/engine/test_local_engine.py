@@ -10,7 +10,7 @@ from raycobo.algorithms import build_algorithm, evaluate
 from raycobo.config import with_overrides
 from raycobo.data import load_data
 from raycobo.engine import make_local_ops
-from tests.helpers import run_rounds
+from tests.helpers import on_engines, run_rounds
 
 
 @pytest.fixture
@@ -114,13 +114,7 @@ def test_conv_model_engines_agree():
             "tracking.enabled=false",
         ],
     )
-    data = load_data(cfg)
-    out = []
-    for kind in ("local", "loop"):
-        ops = make_local_ops(with_overrides(cfg, {"engine.kind": kind}), data)
-        algo = build_algorithm(cfg.algorithm, 3, cfg.seed)
-        state = run_rounds(algo, ops, 3)
-        out.append((state.X, state.W))
+    out = [(s.X, s.W) for _, _, s in on_engines(cfg, 3)]
     assert_close(out[0][0], out[1][0], atol=1e-5, rtol=1e-4)
     assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-4)
 
