@@ -33,6 +33,10 @@ def choose(
         ) from None
 
 
+# methods that learn from each client's validation loss (80/20 split, L2C Section 4)
+VALIDATION_ALGORITHMS = {"l2c", "meta_l2c"}
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -85,6 +89,9 @@ class DataConfig(_Section):
     curvature: tuple[float, float] = (0.5, 2.0)
     center_scale: float = Field(default=1.0, ge=0)
     init_scale: float = Field(default=0.0, ge=0)
+    # share of each client's training data held out for validation (stream VAL); null:
+    # 0.2 for the methods that learn from a validation loss (L2C, meta-L2C), else 0
+    validation_fraction: float | None = Field(default=None, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _curv(self) -> DataConfig:
@@ -131,6 +138,16 @@ class AlgorithmConfig(_Section):
     beta: float = Field(default=0.6, ge=0, lt=1, description="EMA momentum of losses")
     optimizer: Literal["sgd", "adam"] = "sgd"
     mixture_components: int = Field(default=8, ge=1, description="models in a prediction")
+    # L2C / meta-L2C (defaults from the paper: Adam lr 0.1, weight decay 0.01, T0 = 10,
+    # 90 % of the neighbours removed, encoder output sizes (10, 5))
+    mix_lr: float = Field(default=0.1, gt=0, description="Adam lr of the mixing parameters")
+    mix_weight_decay: float = Field(default=0.01, ge=0)
+    prune_round: int | None = Field(default=10, ge=0, description="T0; null: never prune")
+    prune_fraction: float = Field(default=0.9, ge=0, lt=1, description="K0 / |N(i)|")
+    encoder_hidden: int = Field(default=10, ge=1)
+    encoder_out: int = Field(default=5, ge=1)
+    encoder_path: str | None = Field(default=None, description="pre-trained meta-L2C encoder")
+    train_encoder: bool = True
 
 
 class EngineConfig(_Section):
@@ -187,6 +204,12 @@ class Config(_Section):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def validation_fraction(self) -> float:
+        """The held-out share of each client's training data (see DataConfig)."""
+        if self.data.validation_fraction is not None:
+            return self.data.validation_fraction
+        return 0.2 if self.algorithm.name in VALIDATION_ALGORITHMS else 0.0
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

@@ -9,6 +9,7 @@ The run directory (the contract in README "Run directory"):
 - ``summary.json``       final numbers, or ``status: failed`` with the error and the
                          last measured round when a run breaks
 - ``collaboration.npy``  the final W when the algorithm has one
+- ``<name>.pt``          learned extras an algorithm exports (meta-L2C: ``encoder.pt``)
 - ``plots/``             PNG: accuracy/loss curves, W heatmaps
 
 Tracking and progress are callbacks; the training loop knows neither MLflow nor Ray.
@@ -212,6 +213,8 @@ def run_experiment(
     final = history[-1]
     W = algo.collaboration(state)
     extras = algo.summary_extras() if hasattr(algo, "summary_extras") else None
+    for name, obj in (algo.artifacts(state) if hasattr(algo, "artifacts") else {}).items():
+        torch.save(obj, run_dir / f"{name}.pt")  # e.g. meta-L2C's encoder, for transfer
     _close(ops)
     W_np = W.detach().float().cpu().numpy() if W is not None else None
     if W_np is not None:

@@ -24,6 +24,7 @@ NOISE = 6  # gradient noise of synthetic tasks
 SAMPLER = 7  # edge / client sampling
 INIT = 8
 FT = 9
+VAL = 10  # draws from the held-out validation part of a client's data
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ from raycobo.algorithms.fc import FederatedClustering
 from raycobo.algorithms.fedavg import FedAvg, FedAvgFT
 from raycobo.algorithms.federico import FedeRiCo
 from raycobo.algorithms.ifca import IFCA
+from raycobo.algorithms.l2c import L2C, MetaL2C
 from raycobo.algorithms.local import Local
 from raycobo.algorithms.oracle import Oracle
 from raycobo.config import AlgorithmConfig, choose
@@ -29,6 +30,8 @@ ALGORITHMS: dict[str, Callable[[AlgorithmConfig, int, int], Algorithm]] = {
     "fc": FederatedClustering,
     "oracle": Oracle,
     "federico": FedeRiCo,
+    "l2c": L2C,
+    "meta_l2c": MetaL2C,
 }
 
 

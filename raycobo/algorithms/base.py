@@ -48,6 +48,11 @@ class ClientOps(Protocol):
         """Training-set size of every client, shape (n,), float."""
         ...
 
+    def param_layout(self) -> list[tuple[int, int, int]]:
+        """The flat parameter vector as layers: (offset, channels, size per channel), in
+        order, covering all d entries (meta-L2C encodes each channel of a layer)."""
+        ...
+
     def grads(
         self,
         clients: torch.Tensor,
@@ -116,3 +121,17 @@ def evaluate(algo: Algorithm, state: Any, ops: ClientOps) -> Evaluation:
 
 def all_clients(ops: ClientOps) -> torch.Tensor:
     return torch.arange(ops.n_clients, device=ops.device)
+
+
+def tensor_layout(shapes: list[tuple[int, ...]] | list[torch.Size]) -> list[tuple[int, int, int]]:
+    """param_layout of a model's parameter tensors: a tensor of rank >= 2 is shape[0]
+    channels (output units / filters), a vector is one channel."""
+    out, offset = [], 0
+    for shape in shapes:
+        numel = 1
+        for s in shape:
+            numel *= int(s)
+        channels = int(shape[0]) if len(shape) >= 2 else 1
+        out.append((offset, channels, numel // channels))
+        offset += numel
+    return out

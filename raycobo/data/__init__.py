@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from raycobo.config import Config, DataConfig, choose
+from raycobo.config import Config, ConfigError, DataConfig, choose
 from raycobo.data.base import FederatedData, RawDataset
 from raycobo.data.partition import PARTITIONS, partition
 from raycobo.data.quadratic import QuadraticProblem, make_quadratic
@@ -36,7 +36,11 @@ def load_data(cfg: Config) -> FederatedData | QuadraticProblem:
     if name == "quadratic":
         return make_quadratic(cfg.data, cfg.seed)
     loader = choose(DATASETS, name, "data.name", "dataset", dataset_names())
-    return partition(loader(cfg.data, cfg.seed), cfg.data, cfg.seed)
+    data = partition(loader(cfg.data, cfg.seed), cfg.data, cfg.seed)
+    try:
+        return data.holdout(cfg.validation_fraction(), cfg.seed)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -25,6 +25,8 @@ class FederatedData:
     test_y: list[torch.Tensor]
     clusters: list[int | None]
     num_classes: int
+    # the last val_sizes[c] entries of client c's training data are its validation part
+    val_sizes: list[int] | None = None
 
     @property
     def n_clients(self) -> int:
@@ -35,7 +37,31 @@ class FederatedData:
         return tuple(self.train_x.shape[1:])
 
     def train_sizes(self) -> list[int]:
+        """Samples of each client's training data, the validation part included."""
         return [int(t.numel()) for t in self.train_idx]
+
+    def validation_sizes(self) -> list[int]:
+        return list(self.val_sizes) if self.val_sizes is not None else [0] * self.n_clients
+
+    def holdout(self, fraction: float, seed: int) -> FederatedData:
+        """Hold out ``fraction`` of every client's training samples (chosen by a seeded
+        shuffle, at least one, never all) as its validation part."""
+        if fraction <= 0:
+            return self
+        idx, ys, sizes = [], [], []
+        for c, (i, y) in enumerate(zip(self.train_idx, self.train_y, strict=True)):
+            n = i.numel()
+            if n < 2:
+                raise ValueError(
+                    f"invalid config key 'data.validation_fraction': client {c} has {n} "
+                    "training sample(s), too few to hold any out"
+                )
+            g = torch.Generator().manual_seed(seed * 100_003 + c)
+            perm = torch.randperm(n, generator=g)
+            idx.append(i[perm])
+            ys.append(y[perm])
+            sizes.append(min(n - 1, max(1, round(fraction * n))))
+        return replace(self, train_idx=idx, train_y=ys, val_sizes=sizes)
 
     def subset(self, clients: list[int]) -> FederatedData:
         """The data of ``clients`` only, with compacted feature pools (for one host)."""
@@ -58,6 +84,7 @@ class FederatedData:
             test_y=[self.test_y[c] for c in clients],
             clusters=[self.clusters[c] for c in clients],
             num_classes=self.num_classes,
+            val_sizes=[self.val_sizes[c] for c in clients] if self.val_sizes else None,
         )
 
 

@@ -90,6 +90,9 @@ class QuadraticOps:
     def data_sizes(self) -> torch.Tensor:
         return torch.ones(self.n_clients, device=self.device)
 
+    def param_layout(self) -> list[tuple[int, int, int]]:
+        return [(0, 1, self.dim)]  # one layer, one channel
+
     def loss_values(self, clients: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
         """Exact f_i(z) - min f_i = a_i/2 ||z - mu_i||^2. -> (m,)"""
         diff = Z - self._mu[clients]

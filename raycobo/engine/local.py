@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from raycobo import rng
-from raycobo.algorithms.base import Evaluation
+from raycobo.algorithms.base import Evaluation, tensor_layout
 from raycobo.data.base import FederatedData
 from raycobo.models import FunctionalModel
 
@@ -41,11 +41,14 @@ class ClientBatches:
         self.ids = torch.arange(n) if client_ids is None else torch.as_tensor(client_ids)
         self.batch_size = batch_size
         self.device = device
-        self.sizes = torch.tensor(data.train_sizes(), dtype=torch.int64)  # (n,)
-        if int(self.sizes.min()) == 0:
-            empty = int(torch.nonzero(self.sizes == 0)[0])
+        full = torch.tensor(data.train_sizes(), dtype=torch.int64)  # (n,)
+        if int(full.min()) == 0:
+            empty = int(torch.nonzero(full == 0)[0])
             raise ValueError(f"client {empty} has no training data")
-        self.offsets = torch.cumsum(self.sizes, 0) - self.sizes  # (n,)
+        # the last val_sizes[c] samples of client c are its validation part (stream VAL)
+        self.val_sizes = torch.tensor(data.validation_sizes(), dtype=torch.int64)
+        self.sizes = full - self.val_sizes  # what the training streams draw from
+        self.offsets = torch.cumsum(full, 0) - full  # (n,)
         self.rows = torch.cat(data.train_idx).to(device)  # (sum n_c,) feature rows
         self.labels = torch.cat(data.train_y).to(device)  # (sum n_c,)
         self.x = data.train_x.to(device)
@@ -63,8 +66,17 @@ class ClientBatches:
         """Positions into the concatenated client arrays, (m, B). ``stream`` and ``salt``
         are ints or one per row (requests of several kinds in one call)."""
         c = clients.cpu().reshape(-1, 1)
-        draw = rng.randint(self.sizes[c], *self._keys(clients, round, stream, salt))  # (m, B)
-        return (self.offsets[c] + draw).to(self.device)
+        val = torch.as_tensor(stream).reshape(-1, 1) == rng.VAL  # (m, 1) or (1, 1)
+        size = torch.where(val, self.val_sizes[c], self.sizes[c])
+        if not bool(val.any()):
+            size = self.sizes[c]
+        elif int(size.min()) == 0:
+            raise ValueError(
+                "a validation draw needs held-out data: set data.validation_fraction > 0"
+            )
+        start = self.offsets[c] + torch.where(val, self.sizes[c], 0)
+        draw = rng.randint(size, *self._keys(clients, round, stream, salt))  # (m, B)
+        return (start + draw).to(self.device)
 
     def batch(
         self, clients: torch.Tensor, round: int, stream, salt: torch.Tensor | int
@@ -111,6 +123,9 @@ class _SupervisedBase:
 
     def data_sizes(self) -> torch.Tensor:
         return self._sizes
+
+    def param_layout(self) -> list[tuple[int, int, int]]:
+        return tensor_layout(self.model.shapes)
 
 
 class VectorizedOps(_SupervisedBase):

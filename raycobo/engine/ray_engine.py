@@ -110,6 +110,7 @@ class ClientHostImpl:
         return {
             "dim": self.ops.dim,
             "sizes": self.ops.data_sizes().cpu(),
+            "layout": self.ops.param_layout(),
             "clusters": list(self.ops.clusters),
             "device": self.device,
             "gpu_ids": self.gpu_ids,
@@ -198,6 +199,7 @@ class RayClientOps:
         infos = self._get([h.info.remote() for h in hosts])
         self.dim = infos[0]["dim"]
         self._sizes = torch.cat([i["sizes"] for i in infos])
+        self._layout = [tuple(b) for b in infos[0]["layout"]]
         self.clusters = [c for i in infos for c in i["clusters"]]
         self.host_devices = [i["device"] for i in infos]
         self.host_gpu_ids = [i["gpu_ids"] for i in infos]
@@ -266,6 +268,9 @@ class RayClientOps:
 
     def data_sizes(self) -> torch.Tensor:
         return self._sizes
+
+    def param_layout(self) -> list[tuple[int, int, int]]:
+        return self._layout
 
     def grads(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
@@ -363,6 +368,10 @@ class CoordinatorImpl:
     def eval_params(self) -> torch.Tensor:
         return self.algo.eval_params(self.state).detach().cpu()
 
+    def artifacts(self) -> dict[str, Any]:
+        export = getattr(self.algo, "artifacts", None)
+        return export(self.state) if export is not None else {}
+
     def report(self) -> dict[str, Any]:
         return {
             "events": list(self.ops.events),
@@ -435,6 +444,9 @@ class RayRun:
 
     def collaboration(self, state) -> torch.Tensor | None:
         return self._get(self.coordinator.collaboration.remote())
+
+    def artifacts(self, state) -> dict[str, Any]:
+        return self._get(self.coordinator.artifacts.remote())
 
     def summary_extras(self) -> dict[str, Any]:
         rep = self._get(self.coordinator.report.remote())

@@ -89,8 +89,12 @@ def test_same_numbers_as_the_local_engine(ray_2_cpus_2_fake_gpus, quad_cfg_modul
         assert_close(W_r, W_l, atol=1e-5, rtol=1e-5)
 
 
-def test_same_numbers_on_a_neural_task(ray_2_cpus_2_fake_gpus, digits_cfg):
+@pytest.mark.parametrize("name", ["cobo", "l2c", "meta_l2c"])
+def test_same_numbers_on_a_neural_task(ray_2_cpus_2_fake_gpus, digits_cfg, name):
+    """Also the validation draws (L2C's held-out 20 %) and meta-L2C's layer layout."""
     cfg = digits_cfg(
+        f"algorithm.name={name}",
+        "algorithm.prune_round=1",
         "engine.kind=ray",
         "engine.clients_per_actor=2",
         "engine.cpus_per_actor=0.5",
