@@ -123,14 +123,19 @@ def _print_table(rows) -> None:
     from rich.table import Table
 
     t = Table(title="results (final round, mean over clients and seeds)")
-    for col in ("algorithm", "accuracy (%)", "loss", "Imp. vs local (%)", "wall (s)"):
+    sent = any(r.get("megabytes_sent") is not None for r in rows)
+    cols = ["algorithm", "accuracy (%)", "loss", "Imp. vs local (%)", "wall (s)"]
+    for col in cols + (["sent (MB)"] if sent else []):
         t.add_column(col, justify="right" if col != "algorithm" else "left")
     for r in rows:
         acc = "-" if r["mean_accuracy"] is None else f"{100 * r['mean_accuracy']:.2f}"
         if r["mean_accuracy"] is not None and len(r.get("seeds", [])) > 1:
             acc += f" ± {100 * r['std_accuracy']:.2f}"
         imp = "-" if r["improved_vs_local"] is None else f"{r['improved_vs_local']:.0f}"
-        t.add_row(r["algorithm"], acc, _num(r["mean_loss"], ".4f"), imp, f"{r['wall_seconds']:.1f}")
+        cells = [r["algorithm"], acc, _num(r["mean_loss"], ".4f"), imp, f"{r['wall_seconds']:.1f}"]
+        if sent:
+            cells.append(_num(r.get("megabytes_sent"), ".3g"))
+        t.add_row(*cells)
     Console().print(t)
 
 

@@ -43,6 +43,7 @@ TABLE_COLUMNS = [
     "client_std_accuracy",
     "rounds_to_target",
     "wall_seconds",
+    "megabytes_sent",
 ]
 
 
@@ -121,6 +122,7 @@ def summarize(
         else None,
         "rounds_to_target": None if any(r is None for r in reach) else float(np.mean(reach)),
         "wall_seconds": float(np.mean([s["wall_seconds"] for s in sums])),
+        "megabytes_sent": _mean([s.get("megabytes_sent") for s in sums]),
         "run_dirs": [str(r.run_dir) for r in runs],
     }
 
@@ -232,8 +234,8 @@ def write_tables(root: Path, rows: list[dict[str, Any]]) -> None:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| algorithm | accuracy (%) | loss | Imp. (%) | worst 10 % | worst 20 % | client std | "
-        "rounds to target | wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "rounds to target | wall (s) | sent (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         acc = _pct(r["mean_accuracy"])
@@ -245,9 +247,13 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['algorithm']} | {acc} | {loss} | {imp} | {_pct(r['worst10_accuracy'])} | "
             f"{_pct(r['worst20_accuracy'])} | {_pct(r['client_std_accuracy'])} | {reach} | "
-            f"{r['wall_seconds']:.1f} |"
+            f"{r['wall_seconds']:.1f} | {_mb(r.get('megabytes_sent'))} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _mb(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
 
 
 def write_compare_plots(
@@ -280,6 +286,19 @@ def write_compare_plots(
     if all(None not in a for a in accs.values()):
         written.append(pdir / "client_accuracy.png")
         plots.plot_distribution(written[-1], accs)
+    sent = {
+        e: (
+            np.mean([r.summary["megabytes_sent"] for r in rs]),
+            np.mean([r.summary["mean_accuracy"] for r in rs]),
+        )
+        for e, rs in results.items()
+        if all(
+            r.summary.get("megabytes_sent") and r.summary["mean_accuracy"] is not None for r in rs
+        )
+    }
+    if len(sent) >= 2:
+        written.append(pdir / "communication.png")
+        plots.plot_communication(written[-1], sent)
     return written
 
 

@@ -148,6 +148,28 @@ class AlgorithmConfig(_Section):
     encoder_out: int = Field(default=5, ge=1)
     encoder_path: str | None = Field(default=None, description="pre-trained meta-L2C encoder")
     train_encoder: bool = True
+    # FedSep (Algorithm 1, Section 4.1) and the Top-K baseline
+    sketch: Literal["gaussian", "identity"] = "gaussian"
+    sketch_dim: int | None = Field(default=None, ge=1, description="p; null: d")
+    sketch_shared: bool = True
+    sparsity: float = Field(default=1e-3, ge=0, description="beta of the LASSO decoder")
+    decode_steps: int = Field(default=20, ge=1, description="I_dec, FISTA iterations")
+    fedsep_encoder: Literal["exact", "neumann"] = "neumann"
+    neumann_terms: int = Field(default=20, ge=0, description="Q")
+    neumann_tau: float | None = Field(default=None, gt=0, description="null: FISTA step")
+    server_lr: float = Field(default=1.0, gt=0, description="eta_g")
+    topk_fraction: float = Field(default=0.01, gt=0, le=1, description="K / d")
+    # FedSep, model-heterogeneous (Section 4.2): sub-model budgets p^(m), mask search
+    budgets: list[float] = Field(default_factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625])
+    mask_lr: float = Field(default=0.1, gt=0)
+    resource_weight: float = Field(default=10.0, ge=0, description="beta of Eq. 7")
+    mask_selection: Literal["learned", "fixed", "random"] = "learned"
+
+    @model_validator(mode="after")
+    def _budgets(self) -> AlgorithmConfig:
+        if not self.budgets or any(not 0 < b <= 1 for b in self.budgets):
+            raise ValueError("budgets: every sub-model budget must be in (0, 1]")
+        return self
 
 
 class EngineConfig(_Section):

@@ -133,6 +133,7 @@ def run_experiment(
     history: list[dict[str, Any]] = []
     snapshots: dict[int, np.ndarray] = {}
     last_round = 0
+    bytes_sent = 0.0  # communication, for methods that count it (round stat bytes_sent)
     state = algo = ops = None
     try:
         ops, algo = build_run(cfg)
@@ -166,6 +167,7 @@ def run_experiment(
             if rounds_log is None:
                 rounds_log = _CsvLog(run_dir / "rounds.csv", ["round", *stats.keys()])
             rounds_log.write([{"round": r, **stats}])
+            bytes_sent += stats.get("bytes_sent", 0.0)
             for cb in callbacks:
                 cb.on_round_end(ctx, r, stats)
             if r in snap_at:
@@ -238,6 +240,7 @@ def run_experiment(
         "clients": final["clients"],
         "collaboration": W_np.tolist() if W_np is not None else None,
         "cluster_agreement": cluster_agreement(W, ctx.clusters) if W is not None else {},
+        "megabytes_sent": bytes_sent / 1e6 if bytes_sent else None,
         "history": [{k: v for k, v in h.items() if k != "clients"} for h in history],
         "wall_seconds": time.perf_counter() - start,
         "mlflow_run_id": ctx.mlflow_run_id,

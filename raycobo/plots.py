@@ -174,3 +174,18 @@ def plot_scaling(path: Path, rows: list[dict[str, Any]]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_communication(path: Path, points: dict[str, tuple[float, float]]) -> None:
+    """Final accuracy against megabytes sent over the run (FedSep Figure 2)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for name, (mb, acc) in points.items():
+        ax.scatter([mb], [acc], s=30)
+        ax.annotate(name, (mb, acc), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("megabytes sent (both ways, whole run)")
+    ax.set_ylabel("final mean test accuracy")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

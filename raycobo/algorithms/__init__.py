@@ -14,6 +14,7 @@ from raycobo.algorithms.ditto import Ditto
 from raycobo.algorithms.fc import FederatedClustering
 from raycobo.algorithms.fedavg import FedAvg, FedAvgFT
 from raycobo.algorithms.federico import FedeRiCo
+from raycobo.algorithms.fedsep import FedSep, FedSepHetero, TopKEF
 from raycobo.algorithms.ifca import IFCA
 from raycobo.algorithms.l2c import L2C, MetaL2C
 from raycobo.algorithms.local import Local
@@ -32,6 +33,9 @@ ALGORITHMS: dict[str, Callable[[AlgorithmConfig, int, int], Algorithm]] = {
     "federico": FedeRiCo,
     "l2c": L2C,
     "meta_l2c": MetaL2C,
+    "fedsep": FedSep,
+    "topk_ef": TopKEF,
+    "fedsep_hetero": FedSepHetero,
 }
 
 

@@ -56,7 +56,8 @@ class FedAvg:
 
     def round(self, state: FedAvgState, t: int, ops: ClientOps) -> tuple[FedAvgState, dict]:
         x, loss = fedavg_round(ops, state.x, self.cfg, self.seed, t, rng.STEP)
-        return FedAvgState(x, state.n), {"train_loss": float(loss.mean())}
+        sent = float(2 * loss.numel() * ops.dim * 4)  # the model down and back, float32
+        return FedAvgState(x, state.n), {"train_loss": float(loss.mean()), "bytes_sent": sent}
 
     def eval_params(self, state: FedAvgState) -> torch.Tensor:
         if state.X is not None:
