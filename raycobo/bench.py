@@ -239,7 +239,7 @@ def bench_scaling(
     import gc
 
     from raycobo.config import load_config
-    from raycobo.experiment import build_run, cluster_agreement
+    from raycobo.experiment import agreement_of, build_run
 
     rows: list[ScaleRow] = []
     echo(f"torch threads: {torch.get_num_threads()}, load average: {os.getloadavg()[0]:.2f}")
@@ -287,7 +287,7 @@ def bench_scaling(
         from raycobo.algorithms import evaluate
 
         ev = evaluate(algo, step.state, ops)
-        agree = cluster_agreement(algo.collaboration(step.state), list(ops.clusters))
+        agree = agreement_of(algo, step.state, algo.collaboration(step.state), list(ops.clusters))
         rss = rss_mb() - rss0
         n_real = ops.n_clients
         row = ScaleRow(

@@ -120,6 +120,9 @@ class AlgorithmConfig(_Section):
     gamma: float = Field(default=0.1, gt=0, description="W step size")
     sampling: Sampling = "constant"
     domain: Domain = "box"
+    # W storage: dense n x n, or (box domain) ones + the entries ever sampled; auto: sparse
+    # above 2,048 clients
+    weights: Literal["auto", "dense", "sparse"] = "auto"
     sampling_c: float = Field(default=1.0, gt=0, description="constant: p = c/n")
     time_c: float = Field(default=1.0, gt=0, description="time: p_t = min(1, c/t)")
     mixed_switch: float = Field(default=0.002, ge=0, le=1, description="share of rounds")

@@ -147,7 +147,7 @@ def run_experiment(
         def record(r: int, stats: dict[str, float]) -> dict[str, Any]:
             ev = evaluate(algo, state, ops)
             W = algo.collaboration(state)
-            row = _eval_record(r, ev, ctx.clusters, W)
+            row = _eval_record(r, ev, ctx.clusters, agreement_of(algo, state, W, ctx.clusters))
             row.update({k: v for k, v in stats.items() if k not in row})
             metrics_log.write(_client_rows(r, ev, ctx.clusters))
             history.append(row)
@@ -239,7 +239,7 @@ def run_experiment(
         "mean_loss": final["mean_loss"],
         "clients": final["clients"],
         "collaboration": W_np.tolist() if W_np is not None else None,
-        "cluster_agreement": cluster_agreement(W, ctx.clusters) if W is not None else {},
+        "cluster_agreement": agreement_of(algo, state, W, ctx.clusters),
         "megabytes_sent": bytes_sent / 1e6 if bytes_sent else None,
         "history": [{k: v for k, v in h.items() if k != "clients"} for h in history],
         "wall_seconds": time.perf_counter() - start,
@@ -290,7 +290,7 @@ def _client_rows(r: int, ev: Evaluation, clusters: list[int | None]) -> list[dic
 
 
 def _eval_record(
-    r: int, ev: Evaluation, clusters: list[int | None], W: torch.Tensor | None
+    r: int, ev: Evaluation, clusters: list[int | None], agreement: dict[str, float]
 ) -> dict[str, Any]:
     acc = ev.accuracy
     rec: dict[str, Any] = {
@@ -307,6 +307,14 @@ def _eval_record(
             for i in range(len(ev.loss))
         ],
     }
-    if W is not None:
-        rec.update(cluster_agreement(W, clusters))
+    rec.update(agreement)
     return rec
+
+
+def agreement_of(algo, state, W: torch.Tensor | None, clusters: list[int | None]) -> dict:
+    """cluster_agreement, from the algorithm when it keeps W in its own (sparse) form."""
+    custom = getattr(algo, "cluster_agreement", None)
+    found = custom(state, clusters) if custom is not None else None
+    if found is not None:
+        return found
+    return cluster_agreement(W, clusters) if W is not None else {}

@@ -25,13 +25,17 @@ from raycobo import rng
 from raycobo.algorithms.base import ClientOps, all_clients
 from raycobo.algorithms.projections import project_box, project_simplex
 from raycobo.algorithms.samplers import EdgeSampler
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.sparse_weights import SparseBoxWeights
+from raycobo.config import AlgorithmConfig, ConfigError
+
+# above this many clients the final W is not materialised densely for the run directory
+DENSE_EXPORT_LIMIT = 4096
 
 
 @dataclass
 class CoBoState:
     X: torch.Tensor  # (n, d) personal models x_i
-    W: torch.Tensor  # (n, n) collaboration weights w_ij
+    W: torch.Tensor | SparseBoxWeights  # (n, n) collaboration weights w_ij
 
 
 def initial_weights(n: int, domain: str, device: torch.device | None = None) -> torch.Tensor:
@@ -50,8 +54,10 @@ def update_weights(
     W: (n, n); edges: (E, 2) with i < j; scores: (E,) = <g_i(z_ij), g_j(z_ij)>."""
     if edges.numel() == 0:
         return W
-    W = W.clone()
     i, j = edges[:, 0], edges[:, 1]
+    if isinstance(W, SparseBoxWeights):
+        return W.update(i, j, project_box(W.get(i, j) + gamma * scores.to(W.vals.dtype)))
+    W = W.clone()
     step = gamma * scores.to(W.dtype)  # (E,)
     if domain == "box":
         w = project_box(W[i, j] + step)
@@ -77,6 +83,9 @@ def penalized_step(
 ) -> torch.Tensor:
     """Eq. (3) in three passes over (n, d):
     X - lr (G + rho (diag(W 1) - W) X) = (1 - lr rho deg) X + lr rho W X - lr G."""
+    if isinstance(W, SparseBoxWeights):
+        keep = 1.0 - lr * rho * W.degree()[:, None].to(X.dtype)
+        return (X * keep).add_(W.matmul(X), alpha=lr * rho).add_(G, alpha=-lr)
     keep = 1.0 - lr * rho * W.sum(dim=1, keepdim=True)  # (n, 1)
     out = torch.addmm(X * keep, W.to(X.dtype), X, alpha=lr * rho)  # (n, d)
     return out.add_(G, alpha=-lr)
@@ -98,7 +107,16 @@ class CoBo:
 
     def init(self, ops: ClientOps) -> CoBoState:
         X = ops.initial_params().expand(ops.n_clients, -1).clone()  # x_i^0 = x^0
-        return CoBoState(X, initial_weights(ops.n_clients, self.cfg.domain, X.device))
+        n, c = ops.n_clients, self.cfg
+        sparse = c.weights == "sparse" or (c.weights == "auto" and n > 2048 and c.domain == "box")
+        if sparse and c.domain != "box":
+            raise ConfigError(
+                "invalid config key 'algorithm.weights': sparse W needs algorithm.domain=box "
+                "(a simplex projection rewrites whole rows)"
+            )
+        if sparse:
+            return CoBoState(X, SparseBoxWeights.ones(n, X.device))
+        return CoBoState(X, initial_weights(n, c.domain, X.device))
 
     def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
         c = self.cfg
@@ -132,5 +150,20 @@ class CoBo:
     def eval_params(self, state: CoBoState) -> torch.Tensor:
         return state.X
 
-    def collaboration(self, state: CoBoState) -> torch.Tensor:
-        return state.W
+    def collaboration(self, state: CoBoState) -> torch.Tensor | None:
+        W = state.W
+        if isinstance(W, SparseBoxWeights):
+            return W.to_dense() if W.n <= DENSE_EXPORT_LIMIT else None
+        return W
+
+    def cluster_agreement(self, state: CoBoState, clusters: list[int | None]) -> dict | None:
+        """Within/across-cluster mean of a sparse W (None: compute it from the dense W)."""
+        if isinstance(state.W, SparseBoxWeights):
+            return state.W.cluster_agreement(clusters)
+        return None
+
+    def artifacts(self, state: CoBoState) -> dict:
+        """A sparse W is saved as its stored entries (collaboration_sparse.pt)."""
+        if isinstance(state.W, SparseBoxWeights):
+            return {"collaboration_sparse": state.W.export()}
+        return {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.testing import assert_close
 
@@ -133,3 +134,48 @@ def test_fused_step_equals_equation_3():
         torch.rand(5, 5, generator=g),
     )
     assert_close(penalized_step(X, G, W, 0.1, 0.3), X - 0.1 * (G + 0.3 * penalty(X, W)))
+
+
+def test_sparse_w_gives_the_dense_numbers(quad_cfg):
+    """Ones + the sampled entries (algorithm.weights=sparse) is the same W and the same
+    models as the dense matrix; only the pairs sampled so far are stored."""
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+    from raycobo.experiment import cluster_agreement
+
+    common = ("data.partition.clients_per_cluster=[3,4,5]", "algorithm.sampling=constant")
+    _, ops, dense = build(quad_cfg("algorithm.weights=dense", *common))
+    _, ops2, sparse = build(quad_cfg("algorithm.weights=sparse", *common))
+    a = run_rounds(dense, ops, 12)
+    b = run_rounds(sparse, ops2, 12)
+    assert isinstance(b.W, SparseBoxWeights) and 0 < b.W.nnz < 66
+    assert_close(b.W.to_dense(), a.W, atol=1e-6, rtol=1e-6)
+    assert_close(b.X, a.X, atol=1e-5, rtol=1e-5)
+    assert_close(sparse.collaboration(b), a.W, atol=1e-6, rtol=1e-6)
+    clusters = list(ops.clusters)
+    got, want = b.W.cluster_agreement(clusters), cluster_agreement(a.W, clusters)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert abs(got[k] - want[k]) < 1e-6
+
+
+def test_sparse_w_stores_only_what_was_sampled():
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+
+    W = SparseBoxWeights.ones(5)
+    W = W.update(torch.tensor([0, 1]), torch.tensor([3, 2]), torch.tensor([0.5, 0.0]))
+    W = W.update(torch.tensor([0]), torch.tensor([3]), torch.tensor([0.25]))  # overwrite
+    assert W.nnz == 2
+    assert W.get(torch.tensor([0, 1, 2]), torch.tensor([3, 2, 4])).tolist() == [0.25, 0.0, 1.0]
+    dense = W.to_dense()
+    assert dense[3, 0] == 0.25 and dense[2, 1] == 0.0 and dense[4, 4] == 1.0
+    X = torch.randn(5, 3)
+    assert_close(W.matmul(X), dense @ X)
+    assert_close(W.degree(), dense.sum(dim=1))
+
+
+def test_sparse_w_needs_the_box_domain(quad_cfg):
+    from raycobo.config import ConfigError
+
+    _, ops, algo = build(quad_cfg("algorithm.weights=sparse", "algorithm.domain=simplex"))
+    with pytest.raises(ConfigError, match="algorithm.weights"):
+        algo.init(ops)
