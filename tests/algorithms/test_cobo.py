@@ -179,3 +179,21 @@ def test_sparse_w_needs_the_box_domain(quad_cfg):
     _, ops, algo = build(quad_cfg("algorithm.weights=sparse", "algorithm.domain=simplex"))
     with pytest.raises(ConfigError, match="algorithm.weights"):
         algo.init(ops)
+
+
+def test_a_run_beyond_the_dense_limit_writes_sparse_w(quad_cfg, tmp_path):
+    from raycobo.experiment import run_experiment
+
+    cfg = quad_cfg(
+        "data.partition.clients_per_cluster=[2600,2600]",
+        "rounds=2",
+        "eval_every=1",
+        "algorithm.rho=0.001",
+    )
+    res = run_experiment(cfg, tmp_path / "big")
+    s = res.summary
+    assert s["n_clients"] == 5200 and s["collaboration"] is None
+    assert not (res.run_dir / "collaboration.npy").exists()
+    W = torch.load(res.run_dir / "collaboration_sparse.pt")
+    assert W["n"] == 5200 and W["i"].numel() == W["w"].numel() > 0
+    assert set(s["cluster_agreement"]) == {"w_within", "w_across"}
