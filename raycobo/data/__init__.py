@@ -25,16 +25,22 @@ DATASETS: dict[str, Callable[[DataConfig, int], RawDataset]] = {
     "mnist1d": load_mnist1d,
 }
 SYNTHETIC = {"quadratic"}
+TEXT = {"multilingual_text"}
 
 
 def dataset_names() -> list[str]:
-    return sorted([*DATASETS, *SYNTHETIC])
+    return sorted([*DATASETS, *SYNTHETIC, *TEXT])
 
 
-def load_data(cfg: Config) -> FederatedData | QuadraticProblem:
+def load_data(cfg: Config):
     name = cfg.data.name
     if name == "quadratic":
         return make_quadratic(cfg.data, cfg.seed)
+    if name in TEXT:
+        from raycobo.data.text import load_text
+        from raycobo.models.llm import load_tokenizer
+
+        return load_text(cfg.data, load_tokenizer(cfg.model), cfg.seed)
     loader = choose(DATASETS, name, "data.name", "dataset", dataset_names())
     data = partition(loader(cfg.data, cfg.seed), cfg.data, cfg.seed)
     try:

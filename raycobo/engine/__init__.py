@@ -22,6 +22,12 @@ def make_local_ops(cfg: Config, data: FederatedData | QuadraticProblem) -> Clien
         )
     if isinstance(data, QuadraticProblem):
         return QuadraticOps(data, cfg.seed, device)
+    from raycobo.data.text import TextData
+
+    if isinstance(data, TextData):  # one path for local and loop: rows run one by one
+        from raycobo.engine.llm import LoRAOps
+
+        return LoRAOps(data, cfg, device)
     from raycobo.engine.local import LoopOps, VectorizedOps
 
     model = build_model(cfg.model, data.input_shape, data.num_classes)

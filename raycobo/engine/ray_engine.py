@@ -83,9 +83,15 @@ class ClientHostImpl:
             self.device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to the assigned GPU
         if cfg.engine.threads:
             torch.set_num_threads(cfg.engine.threads)
+        from raycobo.data.text import TextData
+
         data = load_data(cfg)
         ids = torch.tensor(clients)
-        if isinstance(data, QuadraticProblem):
+        if isinstance(data, TextData):
+            from raycobo.engine.llm import LoRAOps
+
+            self.ops = LoRAOps(data.subset(clients), cfg, self.device, client_ids=ids)
+        elif isinstance(data, QuadraticProblem):
             from raycobo.data.quadratic import QuadraticOps
 
             self.ops = QuadraticOps(data.subset(clients), cfg.seed, self.device, client_ids=ids)
