@@ -18,6 +18,16 @@ class RunContext:
     clusters: list[int | None] = field(default_factory=list)
     mlflow_run_id: str | None = None
     parent_run_id: str | None = None
+    # membership changes asked for while the run goes (applied before the next round)
+    requests: list[tuple[str, list[int]]] = field(default_factory=list)
+
+    def join(self, clients: list[int]) -> None:
+        """Let ``clients`` join before the next round (algorithms with elastic clients)."""
+        self.requests.append(("join", list(clients)))
+
+    def leave(self, clients: list[int]) -> None:
+        """Let ``clients`` leave before the next round."""
+        self.requests.append(("leave", list(clients)))
 
 
 class Callback(Protocol):

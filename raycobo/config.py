@@ -235,6 +235,14 @@ class CompareConfig(_Section):
     heatmap_rounds: list[int] | None = None
 
 
+class ScheduleEvent(_Section):
+    """Clients joining or leaving after ``round`` completed rounds."""
+
+    round: int = Field(ge=0)
+    join: list[int] = Field(default_factory=list)
+    leave: list[int] = Field(default_factory=list)
+
+
 class Config(_Section):
     name: str = "experiment"
     seed: int = 0
@@ -247,9 +255,19 @@ class Config(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     compare: CompareConfig = Field(default_factory=CompareConfig)
+    # elastic clients: a client whose first event is a join starts outside the system
+    schedule: list[ScheduleEvent] = Field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def initially_absent(self) -> list[int]:
+        first: dict[int, str] = {}
+        for ev in sorted(self.schedule, key=lambda e: e.round):
+            for kind in ("leave", "join"):
+                for c in getattr(ev, kind):
+                    first.setdefault(c, kind)
+        return sorted(c for c, kind in first.items() if kind == "join")
 
     def validation_fraction(self) -> float:
         """The held-out share of each client's training data (see DataConfig)."""

@@ -133,6 +133,7 @@ def run_experiment(
     history: list[dict[str, Any]] = []
     snapshots: dict[int, np.ndarray] = {}
     last_round = 0
+    membership: list[dict[str, Any]] = []  # clients joining / leaving, as applied
     bytes_sent = 0.0  # communication, for methods that count it (round stat bytes_sent)
     state = algo = ops = None
     try:
@@ -141,6 +142,7 @@ def run_experiment(
         for cb in callbacks:
             cb.on_run_start(ctx)
         state = algo.init(ops)
+        state = _apply(algo, state, "leave", cfg.initially_absent(), ops.n_clients, 0, membership)
         evals = eval_rounds(cfg.rounds, cfg.eval_every)
         text_task = cfg.data.name == "multilingual_text"
         snap_at = set(heatmap_rounds(cfg))
@@ -162,6 +164,14 @@ def run_experiment(
         if progress is not None:
             progress.start(cfg.rounds)
         for t in range(cfg.rounds):
+            for ev in cfg.schedule:  # joins and leaves after t completed rounds
+                if ev.round == t:
+                    for kind in ("leave", "join"):
+                        ids = getattr(ev, kind)
+                        state = _apply(algo, state, kind, ids, ops.n_clients, t, membership)
+            while ctx.requests:  # asked for through the RunContext API
+                kind, ids = ctx.requests.pop(0)
+                state = _apply(algo, state, kind, ids, ops.n_clients, t, membership)
             state, stats = algo.round(state, t, ops)
             r = t + 1
             last_round = r
@@ -245,6 +255,7 @@ def run_experiment(
         "collaboration": W_np.tolist() if W_np is not None else None,
         "cluster_agreement": agreement_of(algo, state, W, ctx.clusters),
         "megabytes_sent": bytes_sent / 1e6 if bytes_sent else None,
+        "membership": membership,
         "history": [{k: v for k, v in h.items() if k != "clients"} for h in history],
         "wall_seconds": time.perf_counter() - start,
         "mlflow_run_id": ctx.mlflow_run_id,
@@ -258,6 +269,25 @@ def run_experiment(
     for cb in callbacks:
         cb.on_run_end(ctx, summary)
     return Result(run_dir, summary)
+
+
+def _apply(algo, state, kind: str, ids: list[int], n: int, t: int, log: list) -> Any:
+    """Clients ``ids`` join or leave after t completed rounds (algorithms with ``join`` /
+    ``leave``, e.g. CoBo)."""
+    if not ids:
+        return state
+    bad = [c for c in ids if not 0 <= c < n]
+    if bad:
+        raise ConfigError(f"invalid config key 'schedule': client {bad[0]} is not in 0..{n - 1}")
+    fn = getattr(algo, kind, None)
+    if fn is None:
+        name = getattr(algo, "name", type(algo).__name__)
+        raise ConfigError(
+            f"invalid config key 'schedule': algorithm '{name}' has no clients joining or "
+            "leaving (cobo has)"
+        )
+    log.append({"round": t, "event": kind, "clients": list(ids)})
+    return fn(state, list(ids))
 
 
 def _close(ops) -> None:

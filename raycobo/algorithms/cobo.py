@@ -36,6 +36,7 @@ DENSE_EXPORT_LIMIT = 4096
 class CoBoState:
     X: torch.Tensor  # (n, d) personal models x_i
     W: torch.Tensor | SparseBoxWeights  # (n, n) collaboration weights w_ij
+    active: torch.Tensor | None = None  # (n,) bool: clients in the system (None: all)
 
 
 def initial_weights(n: int, domain: str, device: torch.device | None = None) -> torch.Tensor:
@@ -121,31 +122,78 @@ class CoBo:
     def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
         c = self.cfg
         X, W = state.X, state.W
-        n = ops.n_clients
-        edges = self.sampler(n).sample(t).to(X.device)  # (E, 2)
+        ids = None if state.active is None else torch.nonzero(state.active).flatten()
+        n = ops.n_clients if ids is None else ids.numel()  # clients in the system
+        edges = self.sampler(n).sample(t).to(X.device)  # (E, 2), among the present
+        members = all_clients(ops) if ids is None else ids.to(X.device)
+        if ids is not None:
+            edges = members[edges]  # global ids, still i < j
         E = edges.shape[0]
         # One engine request for the whole round (fewer round trips on remote engines):
         # rows [0, 2E) are the alignment gradients of both endpoints at z_ij, each on a
         # fresh batch of its own client's data; rows [2E, 2E + n) are g_i at x_i^t.
         i, j = edges[:, 0], edges[:, 1]
         Z = 0.5 * (X[i] + X[j])  # (E, d) midpoints z_ij
-        clients = torch.cat([i, j, all_clients(ops)])  # (2E + n,)
+        clients = torch.cat([i, j, members])  # (2E + n,)
         salts = torch.cat([j, i, torch.zeros(n, dtype=torch.int64, device=X.device)])
         streams = torch.cat([torch.full((2 * E,), rng.ALIGN), torch.full((n,), rng.STEP)]).to(
             X.device
         )
-        G_all, L_all = ops.grads(clients, torch.cat([Z, Z, X]), t, streams, salts)
+        G_all, L_all = ops.grads(clients, torch.cat([Z, Z, X[members]]), t, streams, salts)
         if E:
             scores = torch.linalg.vecdot(G_all[:E], G_all[E : 2 * E])  # <g_i(z), g_j(z)>
             W = update_weights(W, edges, scores, c.gamma, c.domain)  # Eq. (1)
         G, loss = G_all[2 * E :], L_all[2 * E :]
-        X = penalized_step(X, G, W, c.lr, c.rho)  # Eq. (3), with W^{t+1} and x^t
+        if ids is None:
+            X = penalized_step(X, G, W, c.lr, c.rho)  # Eq. (3), with W^{t+1} and x^t
+        else:  # only the present clients step, pulled only toward each other
+            X = X.clone()
+            X[members] = penalized_step(X[members], G, W[members][:, members], c.lr, c.rho)
         stats = {
             "train_loss": float(loss.mean()),
             "edges": float(E),
             "alignment_grads": float(2 * E),
+            "clients": float(n),
         }
-        return CoBoState(X, W), stats
+        return CoBoState(X, W, state.active), stats
+
+    # -- elasticity (CoBo Section 2: clients join and leave between rounds) ---------------
+    def _check_elastic(self, state: CoBoState) -> None:
+        if isinstance(state.W, SparseBoxWeights):
+            raise ConfigError(
+                "invalid config key 'algorithm.weights': clients joining or leaving need a "
+                "dense W (set algorithm.weights=dense)"
+            )
+
+    def leave(self, state: CoBoState, clients: list[int]) -> CoBoState:
+        """Clients leave: they stop training and collaborating; their models and W
+        entries are kept (a returning client resumes its model)."""
+        self._check_elastic(state)
+        active = _active(state.active, state.X.shape[0], state.X.device)
+        active[torch.as_tensor(clients, device=active.device)] = False
+        return CoBoState(state.X, state.W, active)
+
+    def join(self, state: CoBoState, clients: list[int]) -> CoBoState:
+        """Clients join: their W row and column restart at W^0 (box: 1; simplex: uniform
+        over the present others, and the others' rows give them weight 0 until sampled)."""
+        self._check_elastic(state)
+        n = state.X.shape[0]
+        active = _active(state.active, n, state.X.device)
+        new = torch.as_tensor(clients, device=active.device)
+        active[new] = True
+        W = state.W.clone()
+        if self.cfg.domain == "box":
+            W[new, :] = 1.0
+            W[:, new] = 1.0
+        else:
+            others = active.clone()
+            W[new, :] = 0.0
+            W[:, new] = 0.0
+            for k in new.tolist():
+                others[k] = False
+                W[k, others] = 1.0 / max(int(others.sum()), 1)
+                others[k] = True
+        return CoBoState(state.X, W, active)
 
     def eval_params(self, state: CoBoState) -> torch.Tensor:
         return state.X
@@ -154,6 +202,9 @@ class CoBo:
         W = state.W
         if isinstance(W, SparseBoxWeights):
             return W.to_dense() if W.n <= DENSE_EXPORT_LIMIT else None
+        if state.active is not None:  # W over the present clients; absent ones are 0
+            present = state.active.to(W.dtype)
+            return W * present[:, None] * present[None, :]
         return W
 
     def cluster_agreement(self, state: CoBoState, clusters: list[int | None]) -> dict | None:
@@ -167,3 +218,7 @@ class CoBo:
         if isinstance(state.W, SparseBoxWeights):
             return {"collaboration_sparse": state.W.export()}
         return {}
+
+
+def _active(active: torch.Tensor | None, n: int, device) -> torch.Tensor:
+    return torch.ones(n, dtype=torch.bool, device=device) if active is None else active.clone()

