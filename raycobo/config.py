@@ -211,6 +211,9 @@ class EngineConfig(_Section):
     dashboard: bool = False
     timeout_s: float = Field(default=600.0, gt=0)
     max_restarts: int = Field(default=3, ge=0)
+    # a dead host: restart it (Ray's max_restarts, same data, the round retried) or go on
+    # without its clients (they leave the run; algorithms with elastic clients)
+    on_failure: Literal["restart", "drop"] = "restart"
     slow_hosts: list[int] = Field(default_factory=list, description="hosts to slow down")
     slow_seconds: float = Field(default=0.0, ge=0)
 

@@ -329,8 +329,9 @@ def _eval_record(
     acc = ev.accuracy
     rec: dict[str, Any] = {
         "round": r,
-        "mean_accuracy": _clean(acc.mean()) if acc is not None else None,
-        "mean_loss": _clean(ev.loss.mean()),
+        # nan-aware: clients a failed host took with it read NaN (engine.on_failure=drop)
+        "mean_accuracy": _clean(acc.nanmean()) if acc is not None else None,
+        "mean_loss": _clean(ev.loss.nanmean()),
         "clients": [
             {
                 "id": i,

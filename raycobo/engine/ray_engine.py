@@ -187,7 +187,14 @@ class ClientHostImpl:
 class RayClientOps:
     """ClientOps whose clients live in ClientHost actors (used inside the Coordinator)."""
 
-    def __init__(self, hosts: list[Any], layout: list[list[int]], timeout_s: float, retries: int):
+    def __init__(
+        self,
+        hosts: list[Any],
+        layout: list[list[int]],
+        timeout_s: float,
+        retries: int,
+        on_failure: str = "restart",
+    ):
         import ray
 
         self.ray = ray
@@ -195,6 +202,8 @@ class RayClientOps:
         self.layout = layout
         self.timeout_s = timeout_s
         self.retries = retries
+        self.on_failure = on_failure
+        self.dead: set[int] = set()  # hosts given up on (engine.on_failure=drop)
         self.events: list[dict[str, Any]] = []
         self.n_clients = sum(len(b) for b in layout)
         self.owner = torch.empty(self.n_clients, dtype=torch.int64)
@@ -248,6 +257,9 @@ class RayClientOps:
             if not failed:
                 self.critical_compute_s += max((sec for _, sec in out.values()), default=0.0)
                 return {h: res for h, (res, _) in out.items()}
+            if self.on_failure == "drop":
+                self.dead |= set(failed)
+                raise HostsLost(sorted(c for h in failed for c in self.layout[h]))
             pending = failed
             time.sleep(min(2.0, 0.2 * (attempt + 1)))
         raise RuntimeError(f"client hosts {sorted(pending)} failed {self.retries + 1} times")
@@ -266,11 +278,16 @@ class RayClientOps:
         return parts
 
     # -- ClientOps -----------------------------------------------------------------------
+    def _any_host(self) -> int:
+        return min(h for h in range(len(self.hosts)) if h not in self.dead)
+
     def initial_params(self) -> torch.Tensor:
-        return self._call("initial_params", {0: ()})[0]
+        h = self._any_host()
+        return self._call("initial_params", {h: ()})[h]
 
     def random_params(self, salt: int) -> torch.Tensor:
-        return self._call("random_params", {0: (salt,)})[0]
+        h = self._any_host()
+        return self._call("random_params", {h: (salt,)})[h]
 
     def data_sizes(self) -> torch.Tensor:
         return self._sizes
@@ -302,15 +319,19 @@ class RayClientOps:
             L[mask] = torch.from_numpy(res[h])
         return L
 
+    def _live(self, parts: dict) -> dict:
+        """Evaluations skip the hosts that were dropped (their clients read NaN)."""
+        return {h: p for h, p in parts.items() if h not in self.dead}
+
     def evaluate(self, clients, Z) -> Evaluation:
         m = clients.numel()
-        parts = self._split(clients, Z)
+        parts = self._live(self._split(clients, Z))
         res = self._call("evaluate", {h: (loc, z) for h, (_, loc, z) in parts.items()})
         return self._gather_eval(m, parts, res)
 
     def evaluate_mixture(self, clients, Z, weights) -> Evaluation:
         m = clients.numel()
-        parts = self._split(clients, Z, weights)
+        parts = self._live(self._split(clients, Z, weights))
         res = self._call(
             "evaluate_mixture", {h: (loc, z, w) for h, (_, loc, z, w) in parts.items()}
         )
@@ -318,8 +339,8 @@ class RayClientOps:
 
     @staticmethod
     def _gather_eval(m: int, parts, res) -> Evaluation:
-        loss = torch.empty(m)
-        acc = torch.empty(m)
+        loss = torch.full((m,), float("nan"))
+        acc = torch.full((m,), float("nan"))
         has_acc = True
         for h, (mask, *_rest) in parts.items():
             loss[mask] = torch.from_numpy(res[h][0])
@@ -328,6 +349,14 @@ class RayClientOps:
             else:
                 acc[mask] = torch.from_numpy(res[h][1])
         return Evaluation(loss=loss, accuracy=acc if has_acc else None)
+
+
+class HostsLost(RuntimeError):
+    """Hosts died and ``engine.on_failure`` is ``drop``: their clients leave the run."""
+
+    def __init__(self, clients: list[int]):
+        super().__init__(f"client hosts died; clients {clients} leave the run")
+        self.clients = clients
 
 
 class CoordinatorImpl:
@@ -339,7 +368,8 @@ class CoordinatorImpl:
 
         cfg = validate(cfg_dict)
         torch.set_num_threads(cfg.engine.threads or 1)
-        self.ops = RayClientOps(hosts, layout, cfg.engine.timeout_s, cfg.engine.max_restarts)
+        e = cfg.engine
+        self.ops = RayClientOps(hosts, layout, e.timeout_s, e.max_restarts, e.on_failure)
         self.algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
         self.state = None
         self.compute_s = 0.0  # wall time of rounds inside the coordinator
@@ -356,7 +386,21 @@ class CoordinatorImpl:
 
     def round(self, t: int) -> dict[str, float]:
         t0, c0 = time.perf_counter(), self.ops.critical_compute_s
-        self.state, stats = self.algo.round(self.state, t, self.ops)
+        while True:
+            try:
+                self.state, stats = self.algo.round(self.state, t, self.ops)
+                break
+            except HostsLost as lost:  # engine.on_failure=drop: go on without them
+                leave = getattr(self.algo, "leave", None)
+                if leave is None:
+                    raise RuntimeError(
+                        f"{lost}, and algorithm '{self.algo.name}' cannot continue without "
+                        "them (engine.on_failure=drop needs clients that can leave: cobo)"
+                    ) from None
+                self.state = leave(self.state, lost.clients)  # the round reruns without them
+                self.ops.events.append(
+                    {"event": "clients_dropped", "round": t, "clients": lost.clients}
+                )
         self.compute_s += time.perf_counter() - t0
         self.round_host_compute_s += self.ops.critical_compute_s - c0
         return stats
@@ -419,7 +463,7 @@ class RayRun:
                 Host.options(
                     num_cpus=e.cpus_per_actor,
                     num_gpus=e.gpus_per_client * len(block),
-                    max_restarts=e.max_restarts,
+                    max_restarts=e.max_restarts if e.on_failure == "restart" else 0,
                     name=None,
                 ).remote(cfg_dict, block, slow)
             )
