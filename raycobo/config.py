@@ -215,7 +215,9 @@ class EngineConfig(_Section):
     # without its clients (they leave the run; algorithms with elastic clients)
     on_failure: Literal["restart", "drop"] = "restart"
     slow_hosts: list[int] = Field(default_factory=list, description="hosts to slow down")
-    slow_seconds: float = Field(default=0.0, ge=0)
+    slow_seconds: float = Field(default=0.0, ge=0, description="extra seconds per gradient")
+    # CoBo on ray: rounds an alignment result may arrive late (0: every round waits)
+    staleness: int = Field(default=0, ge=0)
 
 
 class TrackingConfig(_Section):

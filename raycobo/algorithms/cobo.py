@@ -33,6 +33,15 @@ DENSE_EXPORT_LIMIT = 4096
 
 
 @dataclass
+class RoundPlan:
+    edges: torch.Tensor  # (E, 2) sampled pairs, i < j
+    align_clients: torch.Tensor  # (2E,) i-endpoints then j-endpoints
+    align_points: torch.Tensor  # (2E, d) their midpoints z_ij
+    align_salts: torch.Tensor  # (2E,)
+    members: torch.Tensor  # (n_present,) clients taking the model step
+
+
+@dataclass
 class CoBoState:
     X: torch.Tensor  # (n, d) personal models x_i
     W: torch.Tensor | SparseBoxWeights  # (n, n) collaboration weights w_ij
@@ -119,43 +128,65 @@ class CoBo:
             return CoBoState(X, SparseBoxWeights.ones(n, X.device))
         return CoBoState(X, initial_weights(n, c.domain, X.device))
 
-    def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
-        c = self.cfg
-        X, W = state.X, state.W
+    def plan(self, state: CoBoState, t: int, ops: ClientOps) -> RoundPlan:
+        """The requests of round t: the sampled edges (among the present clients) with
+        their midpoints, and the clients that take the model step."""
+        X = state.X
         ids = None if state.active is None else torch.nonzero(state.active).flatten()
         n = ops.n_clients if ids is None else ids.numel()  # clients in the system
         edges = self.sampler(n).sample(t).to(X.device)  # (E, 2), among the present
         members = all_clients(ops) if ids is None else ids.to(X.device)
         if ids is not None:
             edges = members[edges]  # global ids, still i < j
-        E = edges.shape[0]
-        # One engine request for the whole round (fewer round trips on remote engines):
-        # rows [0, 2E) are the alignment gradients of both endpoints at z_ij, each on a
-        # fresh batch of its own client's data; rows [2E, 2E + n) are g_i at x_i^t.
         i, j = edges[:, 0], edges[:, 1]
         Z = 0.5 * (X[i] + X[j])  # (E, d) midpoints z_ij
-        clients = torch.cat([i, j, members])  # (2E + n,)
-        salts = torch.cat([j, i, torch.zeros(n, dtype=torch.int64, device=X.device)])
-        streams = torch.cat([torch.full((2 * E,), rng.ALIGN), torch.full((n,), rng.STEP)]).to(
-            X.device
-        )
-        G_all, L_all = ops.grads(clients, torch.cat([Z, Z, X[members]]), t, streams, salts)
-        if E:
-            scores = torch.linalg.vecdot(G_all[:E], G_all[E : 2 * E])  # <g_i(z), g_j(z)>
-            W = update_weights(W, edges, scores, c.gamma, c.domain)  # Eq. (1)
-        G, loss = G_all[2 * E :], L_all[2 * E :]
-        if ids is None:
-            X = penalized_step(X, G, W, c.lr, c.rho)  # Eq. (3), with W^{t+1} and x^t
+        # both endpoints' gradients at z_ij, each on a fresh batch of its own client's
+        # data (salted by the partner, so the pair's draws differ from the step's)
+        return RoundPlan(edges, torch.cat([i, j]), torch.cat([Z, Z]), torch.cat([j, i]), members)
+
+    def apply_alignment(self, state: CoBoState, edges, G_align: torch.Tensor) -> CoBoState:
+        """Eq. (1) from the alignment gradients (rows: all i-endpoints, then all j)."""
+        E = edges.shape[0]
+        if E == 0:
+            return state
+        scores = torch.linalg.vecdot(G_align[:E], G_align[E:])  # <g_i(z), g_j(z)>
+        W = update_weights(state.W, edges, scores, self.cfg.gamma, self.cfg.domain)
+        return CoBoState(state.X, W, state.active)
+
+    def step(self, state: CoBoState, members: torch.Tensor, G: torch.Tensor) -> CoBoState:
+        """Eq. (3) for the present clients, with the current W and x^t."""
+        c = self.cfg
+        X, W = state.X, state.W
+        if state.active is None:
+            X = penalized_step(X, G, W, c.lr, c.rho)
         else:  # only the present clients step, pulled only toward each other
             X = X.clone()
             X[members] = penalized_step(X[members], G, W[members][:, members], c.lr, c.rho)
-        stats = {
-            "train_loss": float(loss.mean()),
+        return CoBoState(X, W, state.active)
+
+    def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
+        p = self.plan(state, t, ops)
+        E, n = p.edges.shape[0], p.members.numel()
+        # One engine request for the whole round (fewer round trips on remote engines):
+        # rows [0, 2E) are the alignment gradients, rows [2E, 2E + n) are g_i at x_i^t.
+        dev = state.X.device
+        clients = torch.cat([p.align_clients, p.members])
+        salts = torch.cat([p.align_salts, torch.zeros(n, dtype=torch.int64, device=dev)])
+        streams = torch.cat([torch.full((2 * E,), rng.ALIGN), torch.full((n,), rng.STEP)])
+        Z = torch.cat([p.align_points, state.X[p.members]])
+        G_all, L_all = ops.grads(clients, Z, t, streams.to(dev), salts)
+        state = self.apply_alignment(state, p.edges, G_all[: 2 * E])  # Eq. (1)
+        state = self.step(state, p.members, G_all[2 * E :])  # Eq. (3), W^{t+1} and x^t
+        return state, self.stats(L_all[2 * E :], E, n)
+
+    @staticmethod
+    def stats(step_loss: torch.Tensor, E: int, n: int) -> dict[str, float]:
+        return {
+            "train_loss": float(step_loss.mean()),
             "edges": float(E),
             "alignment_grads": float(2 * E),
             "clients": float(n),
         }
-        return CoBoState(X, W, state.active), stats
 
     # -- elasticity (CoBo Section 2: clients join and leave between rounds) ---------------
     def _check_elastic(self, state: CoBoState) -> None:

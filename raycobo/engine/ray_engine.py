@@ -129,9 +129,10 @@ class ClientHostImpl:
     def random_params(self, salt: int) -> tuple[torch.Tensor, float]:
         return self.ops.random_params(salt).cpu(), 0.0
 
-    def _wait(self) -> None:
+    def _wait(self, rows: int = 1) -> None:
+        """Injected straggling: ``engine.slow_seconds`` per gradient/loss row."""
         if self.slow_s:
-            time.sleep(self.slow_s)
+            time.sleep(self.slow_s * rows)
 
     def _timed(self, fn, *args):
         """Run fn and return (result, seconds of host compute) for the coordinator's
@@ -145,7 +146,7 @@ class ClientHostImpl:
         return torch.as_tensor(np.array(a, copy=True)).to(self.device)
 
     def grads(self, local, Z, round, stream, salt):
-        self._wait()
+        self._wait(len(local))
 
         def go():
             G, L = self.ops.grads(
@@ -308,6 +309,16 @@ class RayClientOps:
             L[mask] = torch.from_numpy(res[h][1])
         return G, L
 
+    def grads_async(self, clients, Z, round, stream, salt=0) -> AsyncGrads:
+        """Dispatch a gradient request and return at once (bounded-staleness rounds)."""
+        m = clients.numel()
+        parts = self._split(clients, Z, rng.per_row(salt, m), rng.per_row(stream, m))
+        refs = {
+            h: self.hosts[h].grads.remote(loc, z, round, st, s)
+            for h, (_, loc, z, s, st) in parts.items()
+        }
+        return AsyncGrads(self, (clients, Z, round, stream, salt), parts, refs, Z.dtype)
+
     def losses(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
         parts = self._split(clients, Z, rng.per_row(salt, m), rng.per_row(stream, m))
@@ -351,6 +362,31 @@ class RayClientOps:
         return Evaluation(loss=loss, accuracy=acc if has_acc else None)
 
 
+class AsyncGrads:
+    """A gradient request in flight: ``ready()`` without blocking, ``result()`` blocks.
+    A host that died meanwhile is retried through the synchronous path."""
+
+    def __init__(self, ops: RayClientOps, request: tuple, parts: dict, refs: dict, dtype):
+        self.ops, self.request, self.parts, self.refs, self.dtype = ops, request, parts, refs, dtype
+
+    def ready(self) -> bool:
+        done, _ = self.ops.ray.wait(list(self.refs.values()), num_returns=len(self.refs), timeout=0)
+        return len(done) == len(self.refs)
+
+    def result(self) -> torch.Tensor:
+        from ray.exceptions import RayActorError
+
+        try:
+            res = {h: self.ops._get(ref) for h, ref in self.refs.items()}
+        except RayActorError:
+            return self.ops.grads(*self.request)[0]
+        m = self.request[0].numel()
+        G = torch.empty(m, self.ops.dim, dtype=self.dtype)
+        for h, (mask, *_rest) in self.parts.items():
+            G[mask] = torch.from_numpy(res[h][0][0])
+        return G
+
+
 class HostsLost(RuntimeError):
     """Hosts died and ``engine.on_failure`` is ``drop``: their clients leave the run."""
 
@@ -372,6 +408,10 @@ class CoordinatorImpl:
         self.ops = RayClientOps(hosts, layout, e.timeout_s, e.max_restarts, e.on_failure)
         self.algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
         self.state = None
+        self.staleness = cfg.engine.staleness
+        self.rounds = cfg.rounds
+        self.pending: list[tuple[int, Any, AsyncGrads]] = []  # (round, edges, request)
+        self.lags: list[int] = []  # rounds each alignment result arrived late
         self.compute_s = 0.0  # wall time of rounds inside the coordinator
         self.round_host_compute_s = 0.0  # of which the slowest host computed
 
@@ -386,9 +426,13 @@ class CoordinatorImpl:
 
     def round(self, t: int) -> dict[str, float]:
         t0, c0 = time.perf_counter(), self.ops.critical_compute_s
+        asynchronous = self.staleness > 0 and hasattr(self.algo, "plan")
         while True:
             try:
-                self.state, stats = self.algo.round(self.state, t, self.ops)
+                if asynchronous:
+                    stats = self._stale_round(t)
+                else:
+                    self.state, stats = self.algo.round(self.state, t, self.ops)
                 break
             except HostsLost as lost:  # engine.on_failure=drop: go on without them
                 leave = getattr(self.algo, "leave", None)
@@ -403,6 +447,35 @@ class CoordinatorImpl:
                 )
         self.compute_s += time.perf_counter() - t0
         self.round_host_compute_s += self.ops.critical_compute_s - c0
+        return stats
+
+    def _stale_round(self, t: int) -> dict[str, float]:
+        """CoBo with bounded staleness: the alignment gradients of round t are requested
+        without waiting; the model step goes ahead with W updated by the alignment
+        results that have arrived, and waits only for those ``engine.staleness`` rounds
+        old (all of them at the last round)."""
+        algo, ops = self.algo, self.ops
+        p = algo.plan(self.state, t, ops)
+        E = p.edges.shape[0]
+        if E:
+            req = ops.grads_async(p.align_clients, p.align_points, t, rng.ALIGN, p.align_salts)
+            self.pending.append((t, p.edges, req))
+        G, L = ops.grads(p.members, self.state.X[p.members], t, rng.STEP, 0)
+        last = t == self.rounds - 1
+        keep = []
+        applied = 0
+        for r, edges, req in self.pending:
+            if last or r <= t - self.staleness or req.ready():
+                self.state = algo.apply_alignment(self.state, edges, req.result())
+                self.lags.append(t - r)
+                applied += edges.shape[0]
+            else:
+                keep.append((r, edges, req))
+        self.pending = keep
+        self.state = algo.step(self.state, p.members, G)
+        stats = algo.stats(L, E, p.members.numel())
+        stats["alignments_applied"] = float(applied)
+        stats["alignments_pending"] = float(sum(e.shape[0] for _, e, _ in keep))
         return stats
 
     def evaluate(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -431,6 +504,9 @@ class CoordinatorImpl:
     def report(self) -> dict[str, Any]:
         return {
             "events": list(self.ops.events),
+            "staleness": self.staleness,
+            "alignment_lag_max": max(self.lags) if self.lags else None,
+            "alignment_lag_mean": float(np.mean(self.lags)) if self.lags else None,
             "round_seconds_in_coordinator": self.compute_s,
             "host_call_seconds": self.ops.coordination_s,
             "host_wait_seconds": self.ops.wait_s,
@@ -461,6 +537,8 @@ class RayRun:
             slow = e.slow_seconds if h in e.slow_hosts else 0.0
             self.hosts.append(
                 Host.options(
+                    # a second thread lets a host take the step while alignment runs
+                    max_concurrency=2 if e.staleness > 0 else 1,
                     num_cpus=e.cpus_per_actor,
                     num_gpus=e.gpus_per_client * len(block),
                     max_restarts=e.max_restarts if e.on_failure == "restart" else 0,
