@@ -343,6 +343,39 @@ def bench_scaling_cmd(
     _guarded(debug, go)
 
 
+@bench_app.command("ray")
+def bench_ray_cmd(
+    clients: Annotated[str, typer.Option(help="comma-separated client counts")] = "8,40,80",
+    per_actor: Annotated[str, typer.Option(help="clients per host actor")] = "8,40",
+    rounds: Annotated[int, typer.Option(help="timed rounds per measurement")] = 10,
+    slow: Annotated[float, typer.Option(help="extra seconds per gradient on host 1")] = 0.0,
+    staleness: Annotated[str, typer.Option(help="comma-separated engine.staleness")] = "0",
+    threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    out: Out = None,
+    debug: Debug = False,
+) -> None:
+    """CoBo on the Ray engine vs the local engine: ms per round, coordination share."""
+
+    def go():
+        import torch
+
+        from raycobo.bench import bench_ray
+
+        if threads:
+            torch.set_num_threads(threads)
+        bench_ray(
+            _int_list(clients, "--clients"),
+            _int_list(per_actor, "--per-actor"),
+            rounds,
+            slow,
+            _int_list(staleness, "--staleness"),
+            out,
+            echo=typer.echo,
+        )
+
+    _guarded(debug, go)
+
+
 def main() -> None:
     try:
         app()

@@ -41,3 +41,33 @@ def test_bench_engine_and_scaling_write_their_outputs(tmp_path):
     assert (tmp_path / "s" / "bench_scaling.png").stat().st_size > 0
     bad = CliRunner().invoke(app, ["bench", "scaling", "--clients", "ten"])
     assert bad.exit_code == 2 and "--clients" in bad.stderr
+
+
+def test_bench_ray_writes_its_rows(tmp_path):
+    import pytest
+
+    ray = pytest.importorskip("ray")
+    args = [
+        "bench",
+        "ray",
+        "--clients",
+        "4",
+        "--per-actor",
+        "2",
+        "--rounds",
+        "1",
+        "--staleness",
+        "0,1",
+        "--slow",
+        "0.001",
+        "--out",
+        str(tmp_path),
+    ]
+    try:
+        res = CliRunner().invoke(app, args)
+    finally:
+        ray.shutdown()
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((tmp_path / "bench_ray.csv").open()))
+    assert [(r["hosts"], r["staleness"]) for r in rows] == [("2", "0"), ("2", "1")]
+    assert all(float(r["ray_ms"]) > 0 and float(r["local_ms"]) > 0 for r in rows)
