@@ -112,7 +112,9 @@ def run(
         acc = s["mean_accuracy"]
         acc_s = f"mean accuracy {100 * acc:.2f}%  " if acc is not None else ""
         loss, wall = _num(s["mean_loss"]), s["wall_seconds"]
-        typer.echo(f"{s['algorithm']}: {acc_s}mean loss {loss}  ({wall:.1f} s)")
+        ppl = s.get("mean_perplexity")
+        ppl_s = f"  perplexity {ppl:.2f}" if ppl is not None else ""
+        typer.echo(f"{s['algorithm']}: {acc_s}mean loss {loss}{ppl_s}  ({wall:.1f} s)")
         typer.echo(f"run directory: {res.run_dir}")
 
     _guarded(debug, go)
@@ -124,8 +126,9 @@ def _print_table(rows) -> None:
 
     t = Table(title="results (final round, mean over clients and seeds)")
     sent = any(r.get("megabytes_sent") is not None for r in rows)
+    ppl = any(r.get("mean_perplexity") is not None for r in rows)
     cols = ["algorithm", "accuracy (%)", "loss", "Imp. vs local (%)", "wall (s)"]
-    for col in cols + (["sent (MB)"] if sent else []):
+    for col in cols + (["sent (MB)"] if sent else []) + (["perplexity"] if ppl else []):
         t.add_column(col, justify="right" if col != "algorithm" else "left")
     for r in rows:
         acc = "-" if r["mean_accuracy"] is None else f"{100 * r['mean_accuracy']:.2f}"
@@ -135,6 +138,8 @@ def _print_table(rows) -> None:
         cells = [r["algorithm"], acc, _num(r["mean_loss"], ".4f"), imp, f"{r['wall_seconds']:.1f}"]
         if sent:
             cells.append(_num(r.get("megabytes_sent"), ".3g"))
+        if ppl:
+            cells.append(_num(r.get("mean_perplexity"), ".2f"))
         t.add_row(*cells)
     Console().print(t)
 

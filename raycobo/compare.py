@@ -37,6 +37,7 @@ TABLE_COLUMNS = [
     "mean_accuracy",
     "std_accuracy",
     "mean_loss",
+    "mean_perplexity",
     "improved_vs_local",
     "worst10_accuracy",
     "worst20_accuracy",
@@ -64,10 +65,15 @@ def improved_share(summary: dict[str, Any], local: dict[str, Any] | None) -> flo
     if local is None:
         return None
     mine, base = summary["clients"], local["clients"]
-    if summary.get("mean_accuracy") is not None:
-        wins = [a["accuracy"] > b["accuracy"] for a, b in zip(mine, base, strict=True)]
-    else:
-        wins = [a["loss"] < b["loss"] for a, b in zip(mine, base, strict=True)]
+    key = "accuracy" if summary.get("mean_accuracy") is not None else "loss"
+    pairs = [  # clients measured in both runs (a dropped client has no metric)
+        (a[key], b[key])
+        for a, b in zip(mine, base, strict=True)
+        if a[key] is not None and b[key] is not None
+    ]
+    if not pairs:
+        return None
+    wins = [a > b if key == "accuracy" else a < b for a, b in pairs]
     return 100.0 * float(np.mean(wins))
 
 
@@ -110,6 +116,7 @@ def summarize(
         "mean_accuracy": _mean(accs) if has_acc else None,
         "std_accuracy": float(np.std(accs)) if has_acc else None,
         "mean_loss": _mean([s["mean_loss"] for s in sums]),
+        "mean_perplexity": _mean([s.get("mean_perplexity") for s in sums]),
         "improved_vs_local": _mean(imps),
         "worst10_accuracy": _mean([worst_share(a, 0.1) for a in client_acc])
         if client_acc
@@ -233,9 +240,9 @@ def write_tables(root: Path, rows: list[dict[str, Any]]) -> None:
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| algorithm | accuracy (%) | loss | Imp. (%) | worst 10 % | worst 20 % | client std | "
-        "rounds to target | wall (s) | sent (MB) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| algorithm | accuracy (%) | loss | perplexity | Imp. (%) | worst 10 % | worst 20 % | "
+        "client std | rounds to target | wall (s) | sent (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         acc = _pct(r["mean_accuracy"])
@@ -245,7 +252,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         reach = "-" if r["rounds_to_target"] is None else f"{r['rounds_to_target']:.0f}"
         loss = "-" if r["mean_loss"] is None else f"{r['mean_loss']:.3f}"
         lines.append(
-            f"| {r['algorithm']} | {acc} | {loss} | {imp} | {_pct(r['worst10_accuracy'])} | "
+            f"| {r['algorithm']} | {acc} | {loss} | {_mb(r.get('mean_perplexity'))} | {imp} | "
+            f"{_pct(r['worst10_accuracy'])} | "
             f"{_pct(r['worst20_accuracy'])} | {_pct(r['client_std_accuracy'])} | {reach} | "
             f"{r['wall_seconds']:.1f} | {_mb(r.get('megabytes_sent'))} |"
         )

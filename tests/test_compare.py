@@ -135,3 +135,23 @@ def test_parallel_compare_gives_the_sequential_numbers(tmp_path):
     import ray
 
     ray.shutdown()
+
+
+def test_dropped_clients_and_perplexity_in_tables():
+    """Imp. counts only clients measured in both runs; language-model runs show their
+    perplexity in the table."""
+    from raycobo.compare import improved_share, markdown_table
+
+    local = {
+        "mean_accuracy": 0.5,
+        "clients": [{"accuracy": 0.5}, {"accuracy": 0.6}, {"accuracy": 0.7}],
+    }
+    mine = {
+        "mean_accuracy": 0.6,
+        "clients": [{"accuracy": 0.7}, {"accuracy": None}, {"accuracy": 0.6}],
+    }
+    assert improved_share(mine, local) == 50.0
+    row = {k: None for k in TABLE_COLUMNS}
+    row.update(algorithm="cobo", seeds=[0], mean_loss=4.5, mean_perplexity=90.0, wall_seconds=1.0)
+    md = markdown_table([row])
+    assert "| perplexity |" in md and "| 90 |" in md
