@@ -180,6 +180,9 @@ class AlgorithmConfig(_Section):
     neumann_tau: float | None = Field(default=None, gt=0, description="null: FISTA step")
     server_lr: float = Field(default=1.0, gt=0, description="eta_g")
     topk_fraction: float = Field(default=0.01, gt=0, le=1, description="K / d")
+    # Count-Sketch (FetchSGD) baseline: sketch rows and columns (null: d / 10)
+    sketch_rows: int = Field(default=5, ge=1)
+    sketch_cols: int | None = Field(default=None, ge=1)
     # FedSep, model-heterogeneous (Section 4.2): sub-model budgets p^(m), mask search
     budgets: list[float] = Field(default_factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625])
     mask_lr: float = Field(default=0.1, gt=0)

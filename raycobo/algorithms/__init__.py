@@ -14,7 +14,7 @@ from raycobo.algorithms.ditto import Ditto
 from raycobo.algorithms.fc import FederatedClustering
 from raycobo.algorithms.fedavg import FedAvg, FedAvgFT
 from raycobo.algorithms.federico import FedeRiCo
-from raycobo.algorithms.fedsep import FedSep, FedSepHetero, TopKEF
+from raycobo.algorithms.fedsep import CountSketchFL, FedSep, FedSepHetero, TopKEF
 from raycobo.algorithms.ifca import IFCA
 from raycobo.algorithms.l2c import L2C, MetaL2C
 from raycobo.algorithms.local import Local
@@ -37,6 +37,7 @@ ALGORITHMS: dict[str, Callable[[AlgorithmConfig, int, int], Algorithm]] = {
     "fedsep": FedSep,
     "topk_ef": TopKEF,
     "fedsep_hetero": FedSepHetero,
+    "countsketch": CountSketchFL,
     "validation_based": ValidationBased,
 }
 

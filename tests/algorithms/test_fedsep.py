@@ -261,3 +261,44 @@ def test_heterogeneous_needs_hidden_layers(quad_cfg):
     _, ops, algo = build(quad_cfg("algorithm.name=fedsep_hetero"))
     with pytest.raises(ConfigError, match="hidden"):
         algo.init(ops)
+
+
+# -- Count-Sketch (FetchSGD) baseline ---------------------------------------------------
+
+
+def test_count_sketch_is_linear_and_recovers_heavy_coordinates():
+    from raycobo.algorithms.fedsep import count_sketch, sketch_hashes, unsketch
+
+    d, rows, cols = 500, 5, 100
+    bucket, sign = sketch_hashes(d, rows, cols, seed=0)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, d, generator=g)
+    sa, sb = count_sketch(torch.stack([a, b]), bucket, sign, cols)
+    assert_close(count_sketch((a + b)[None], bucket, sign, cols)[0], sa + sb)
+    v = 0.01 * torch.randn(d, generator=g)
+    heavy = torch.tensor([3, 77, 401])
+    v[heavy] = torch.tensor([5.0, -4.0, 3.0])
+    est = unsketch(count_sketch(v[None], bucket, sign, cols)[0], bucket, sign)
+    assert_close(est[heavy], v[heavy], atol=0.1, rtol=0)
+    assert set(est.abs().topk(3).indices.tolist()) == set(heavy.tolist())
+
+
+def test_count_sketch_training_lowers_the_loss_and_guards_its_size(digits_cfg):
+    cfg = digits_cfg(
+        "algorithm.name=countsketch",
+        "algorithm.topk_fraction=0.02",
+        "algorithm.sketch_cols=400",
+        "algorithm.local_steps=3",
+    )
+    _, ops, algo = build(cfg)
+    state = algo.init(ops)
+    before = ops.evaluate(torch.arange(ops.n_clients), algo.eval_params(state)).loss.mean()
+    state = run_rounds(algo, ops, 15, state)
+    after = ops.evaluate(torch.arange(ops.n_clients), algo.eval_params(state)).loss.mean()
+    assert after < before
+    bad = digits_cfg(
+        "algorithm.name=countsketch", "algorithm.topk_fraction=0.5", "algorithm.sketch_cols=100"
+    )
+    _, ops, algo = build(bad)
+    with pytest.raises(ConfigError, match="topk_fraction"):
+        algo.round(algo.init(ops), 0, ops)
