@@ -325,6 +325,7 @@ class RayRow:
     clients_per_actor: int
     hosts: int
     staleness: int
+    resident: bool
     slow_seconds: float
     local_ms: float
     ray_ms: float
@@ -340,6 +341,7 @@ def bench_ray(
     staleness: list[int] = (0,),
     out: Path | None = None,
     echo=print,
+    resident: list[bool] = (False,),
 ) -> list[RayRow]:
     """CoBo rounds on the Ray engine against the local engine on the same config (MLP
     784-64-10 on Fashion-MNIST, or digits when it is missing): median ms per round and
@@ -372,49 +374,54 @@ def bench_ray(
         cfg = load_config(None, base)
         ops, algo = build_run(cfg)
         local_ms = 1e3 * _time(Stepper(algo, ops), rounds)
-        for k in per_actor:
-            for s in staleness:
-                rcfg = load_config(
-                    None,
-                    [
-                        *base,
-                        "engine.kind=ray",
-                        f"engine.clients_per_actor={k}",
-                        "engine.cpus_per_actor=0",
-                        f"engine.staleness={s}",
-                        "engine.slow_hosts=[1]",
-                        f"engine.slow_seconds={slow_seconds}",
-                    ],
-                )
-                start_ray(rcfg)
-                run = RayRun(rcfg, ops.n_clients)
-                try:
-                    state = run.init(run)
+        modes = [(k, s, r) for k in per_actor for s in staleness for r in resident]
+        for k, s, res in modes:
+            if res and s:  # host-resident rounds are synchronous
+                continue
+            rcfg = load_config(
+                None,
+                [
+                    *base,
+                    "engine.kind=ray",
+                    f"engine.clients_per_actor={k}",
+                    "engine.cpus_per_actor=0",
+                    f"engine.staleness={s}",
+                    "engine.slow_hosts=[1]",
+                    f"engine.slow_seconds={slow_seconds}",
+                    f"engine.resident={str(res).lower()}",
+                ],
+            )
+            start_ray(rcfg)
+            run = RayRun(rcfg, ops.n_clients)
+            try:
+                state = run.init(run)
 
-                    def step(t, run=run, state=state):
-                        run.round(state, t, run)
+                def step(t, run=run, state=state):
+                    run.round(state, t, run)
 
-                    ray_ms = 1e3 * _time(step, rounds)
-                    rep = run.summary_extras()
-                finally:
-                    run.close()
-                row = RayRow(
-                    ops.n_clients,
-                    k,
-                    rep["hosts"],
-                    s,
-                    slow_seconds,
-                    local_ms,
-                    ray_ms,
-                    rep.get("coordination_share"),
-                    rep.get("alignment_lag_mean"),
-                )
-                rows.append(row)
-                share = "-" if row.coordination_share is None else f"{row.coordination_share:.0%}"
-                echo(
-                    f"n={row.n:4d} per_actor={k:3d} hosts={row.hosts:3d} staleness={s} "
-                    f"local {local_ms:7.1f} ms  ray {ray_ms:7.1f} ms  coordination {share}"
-                )
+                ray_ms = 1e3 * _time(step, rounds)
+                rep = run.summary_extras()
+            finally:
+                run.close()
+            row = RayRow(
+                ops.n_clients,
+                k,
+                rep["hosts"],
+                s,
+                res,
+                slow_seconds,
+                local_ms,
+                ray_ms,
+                rep.get("coordination_share"),
+                rep.get("alignment_lag_mean"),
+            )
+            rows.append(row)
+            share = "-" if row.coordination_share is None else f"{row.coordination_share:.0%}"
+            echo(
+                f"n={row.n:4d} per_actor={k:3d} hosts={row.hosts:3d} staleness={s} "
+                f"resident={'yes' if res else 'no '} "
+                f"local {local_ms:7.1f} ms  ray {ray_ms:7.1f} ms  coordination {share}"
+            )
     if out is not None:
         write_rows(out / "bench_ray.csv", rows)
     return rows

@@ -355,6 +355,7 @@ def bench_ray_cmd(
     rounds: Annotated[int, typer.Option(help="timed rounds per measurement")] = 10,
     slow: Annotated[float, typer.Option(help="extra seconds per gradient on host 1")] = 0.0,
     staleness: Annotated[str, typer.Option(help="comma-separated engine.staleness")] = "0",
+    resident: Annotated[str, typer.Option(help="no, yes or both (engine.resident)")] = "both",
     threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
     out: Out = None,
     debug: Debug = False,
@@ -368,6 +369,9 @@ def bench_ray_cmd(
 
         if threads:
             torch.set_num_threads(threads)
+        modes = {"no": [False], "yes": [True], "both": [False, True]}
+        if resident not in modes:
+            raise ConfigError(f"--resident must be no, yes or both, got '{resident}'")
         bench_ray(
             _int_list(clients, "--clients"),
             _int_list(per_actor, "--per-actor"),
@@ -376,6 +380,7 @@ def bench_ray_cmd(
             _int_list(staleness, "--staleness"),
             out,
             echo=typer.echo,
+            resident=modes[resident],
         )
 
     _guarded(debug, go)

@@ -221,6 +221,9 @@ class EngineConfig(_Section):
     slow_seconds: float = Field(default=0.0, ge=0, description="extra seconds per gradient")
     # CoBo on ray: rounds an alignment result may arrive late (0: every round waits)
     staleness: int = Field(default=0, ge=0)
+    # CoBo on ray: models live in the hosts; only W rows, indices and scores cross the
+    # coordinator, models go host to host through the object store
+    resident: bool = False
 
 
 class TrackingConfig(_Section):

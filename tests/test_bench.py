@@ -62,12 +62,16 @@ def test_bench_ray_writes_its_rows(tmp_path):
         "0.001",
         "--out",
         str(tmp_path),
-    ]
+    ]  # resident both: (0, no), (0, yes), (1, no); resident rounds are synchronous
     try:
         res = CliRunner().invoke(app, args)
     finally:
         ray.shutdown()
     assert res.exit_code == 0, res.output
     rows = list(csv.DictReader((tmp_path / "bench_ray.csv").open()))
-    assert [(r["hosts"], r["staleness"]) for r in rows] == [("2", "0"), ("2", "1")]
+    assert [(r["hosts"], r["staleness"], r["resident"]) for r in rows] == [
+        ("2", "0", "False"),
+        ("2", "0", "True"),
+        ("2", "1", "False"),
+    ]
     assert all(float(r["ray_ms"]) > 0 and float(r["local_ms"]) > 0 for r in rows)

@@ -96,8 +96,21 @@ def penalized_step(
     if isinstance(W, SparseBoxWeights):
         keep = 1.0 - lr * rho * W.degree()[:, None].to(X.dtype)
         return (X * keep).add_(W.matmul(X), alpha=lr * rho).add_(G, alpha=-lr)
-    keep = 1.0 - lr * rho * W.sum(dim=1, keepdim=True)  # (n, 1)
-    out = torch.addmm(X * keep, W.to(X.dtype), X, alpha=lr * rho)  # (n, d)
+    return penalized_rows(X, X, G, W, lr, rho)
+
+
+def penalized_rows(
+    X_rows: torch.Tensor,
+    X_all: torch.Tensor,
+    G: torch.Tensor,
+    W_rows: torch.Tensor,
+    lr: float,
+    rho: float,
+) -> torch.Tensor:
+    """Eq. (3) for some clients: X_rows (m, d) with their W rows (m, n) over all models
+    X_all (n, d) -- what a host holding those clients computes."""
+    keep = 1.0 - lr * rho * W_rows.sum(dim=1, keepdim=True)  # (m, 1)
+    out = torch.addmm(X_rows * keep, W_rows.to(X_all.dtype), X_all, alpha=lr * rho)
     return out.add_(G, alpha=-lr)
 
 

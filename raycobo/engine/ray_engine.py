@@ -112,6 +112,70 @@ class ClientHostImpl:
             )
         del data
 
+    # -- host-resident CoBo (engine.resident): the host keeps its clients' models --------
+    def res_init(self, x0) -> None:
+        self.X = self._in(x0).expand(len(self.clients), -1).clone()
+
+    def res_block(self):
+        """This host's models, published once per round for the other hosts."""
+        return self.X.cpu().numpy()
+
+    def _rows_of(self, blocks, owner_local) -> torch.Tensor:
+        """Rows (host, local index) gathered from the hosts' published blocks."""
+        owner_local = np.asarray(owner_local)
+        out = [torch.as_tensor(blocks[h][k]) for h, k in owner_local]
+        return torch.stack(out).to(self.device) if out else torch.empty(0)
+
+    def res_align(self, own_local, partners, salts, round, *blocks):
+        """First endpoints' alignment gradients g_i(z_ij), z_ij from x_i (here) and x_j
+        (another host's published block); kept in the object store for the partner."""
+        self._wait(len(own_local))
+        t0 = time.perf_counter()
+        if len(own_local) == 0:
+            self._align_s = 0.0
+            return np.zeros((0, self.ops.dim), dtype=np.float32)
+        own = self._in(own_local)
+        Z = 0.5 * (self.X[own] + self._rows_of(blocks, partners))
+        G, _ = self.ops.grads(own, Z, round, rng.ALIGN, self._in(salts))
+        self._align_s = time.perf_counter() - t0
+        return G.cpu().numpy()
+
+    def res_scores(self, own_local, partners, salts, first_rows, round, *parts):
+        """Second endpoints' alignment gradients g_j(z_ij), dotted with the first
+        endpoints' g_i(z_ij) read from the object store: the scores <g_i, g_j>.
+        parts: every host's first-endpoint gradients, then every host's model block."""
+        self._wait(len(own_local))
+        t0 = time.perf_counter()
+        H = len(parts) // 2
+        scores = np.zeros(0, dtype=np.float32)
+        if len(own_local):
+            own = self._in(own_local)
+            Z = 0.5 * (self.X[own] + self._rows_of(parts[H:], partners))
+            G, _ = self.ops.grads(own, Z, round, rng.ALIGN, self._in(salts))
+            Gi = self._rows_of(parts[:H], first_rows)
+            scores = torch.linalg.vecdot(Gi, G).cpu().numpy()
+        return scores, self._align_s + time.perf_counter() - t0
+
+    def res_step(self, W_rows, lr, rho, round, *blocks):
+        """Eq. (3) for this host's clients with its W rows over everyone's models."""
+        from raycobo.algorithms.cobo import penalized_rows
+
+        self._wait(len(self.clients))
+
+        def go():
+            local = torch.arange(len(self.clients))
+            G, L = self.ops.grads(local, self.X, round, rng.STEP, 0)
+            X_all = torch.cat([torch.as_tensor(b) for b in blocks]).to(self.device)
+            self.X = penalized_rows(self.X, X_all, G, self._in(W_rows), lr, rho)
+            return L.cpu().numpy()
+
+        return self._timed(go)
+
+    def res_evaluate(self):
+        ev = self.ops.evaluate(torch.arange(len(self.clients)), self.X)
+        acc = None if ev.accuracy is None else ev.accuracy.cpu().numpy()
+        return ev.loss.cpu().numpy(), acc
+
     def info(self) -> dict[str, Any]:
         return {
             "dim": self.ops.dim,
@@ -408,6 +472,7 @@ class CoordinatorImpl:
         self.ops = RayClientOps(hosts, layout, e.timeout_s, e.max_restarts, e.on_failure)
         self.algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
         self.state = None
+        self.resident = cfg.engine.resident  # CoBo with the models kept in the hosts
         self.staleness = cfg.engine.staleness
         self.rounds = cfg.rounds
         self.pending: list[tuple[int, Any, AsyncGrads]] = []  # (round, edges, request)
@@ -416,7 +481,14 @@ class CoordinatorImpl:
         self.round_host_compute_s = 0.0  # of which the slowest host computed
 
     def setup(self) -> dict[str, Any]:
-        self.state = self.algo.init(self.ops)
+        if self.resident:
+            from raycobo.algorithms.cobo import initial_weights
+
+            x0 = self.ops.initial_params().numpy()
+            self.ops._get([h.res_init.remote(x0) for h in self.ops.hosts])
+            self.W = initial_weights(self.ops.n_clients, self.algo.cfg.domain)
+        else:
+            self.state = self.algo.init(self.ops)
         return {
             "n_clients": self.ops.n_clients,
             "clusters": self.ops.clusters,
@@ -429,7 +501,9 @@ class CoordinatorImpl:
         asynchronous = self.staleness > 0 and hasattr(self.algo, "plan")
         while True:
             try:
-                if asynchronous:
+                if self.resident:
+                    stats = self._resident_round(t)
+                elif asynchronous:
                     stats = self._stale_round(t)
                 else:
                     self.state, stats = self.algo.round(self.state, t, self.ops)
@@ -448,6 +522,75 @@ class CoordinatorImpl:
         self.compute_s += time.perf_counter() - t0
         self.round_host_compute_s += self.ops.critical_compute_s - c0
         return stats
+
+    def _resident_round(self, t: int) -> dict[str, float]:
+        """CoBo with host-resident models. Each host publishes its models once to the
+        object store; the hosts of the first endpoints compute g_i(z_ij) from x_i and the
+        partner's published x_j; the hosts of the second endpoints compute g_j(z_ij) and
+        the scores <g_i, g_j> from the first gradients (host to host through the object
+        store); the coordinator updates W from E numbers and sends each host its W rows;
+        each host takes Eq. (3) for its clients against the published models. Only W
+        rows, indices and scores pass through the coordinator."""
+        from raycobo.algorithms.cobo import update_weights
+
+        algo, ops, c = self.algo, self.ops, self.algo.cfg
+        hosts, n = ops.hosts, ops.n_clients
+        owner, local = ops.owner, ops.local
+        edges = algo.sampler(n).sample(t)
+        E = edges.shape[0]
+        i, j = edges[:, 0], edges[:, 1]
+        t0 = time.perf_counter()
+        blocks = [h.res_block.remote() for h in hosts]
+
+        def pairs(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
+            return torch.stack([a, b], dim=1).numpy().reshape(-1, 2)
+
+        first_pos = torch.zeros(E, dtype=torch.int64)
+        firsts = []
+        for h, host in enumerate(hosts):
+            sel = torch.nonzero(owner[i] == h).flatten()
+            first_pos[sel] = torch.arange(sel.numel())
+            firsts.append(
+                host.res_align.remote(
+                    local[i[sel]].numpy(),
+                    pairs(owner[j[sel]], local[j[sel]]),
+                    j[sel].numpy(),
+                    t,
+                    *blocks,
+                )
+            )
+        seconds = {}
+        for h, host in enumerate(hosts):
+            sel = torch.nonzero(owner[j] == h).flatten()
+            seconds[h] = (
+                sel,
+                host.res_scores.remote(
+                    local[j[sel]].numpy(),
+                    pairs(owner[i[sel]], local[i[sel]]),
+                    i[sel].numpy(),
+                    pairs(owner[i[sel]], first_pos[sel]),
+                    t,
+                    *firsts,
+                    *blocks,
+                ),
+            )
+        ops.coordination_s += time.perf_counter() - t0
+        scores = torch.zeros(E)
+        align_s = 0.0
+        for sel, ref in seconds.values():
+            sc, sec = ops._get(ref)
+            scores[sel] = torch.from_numpy(np.asarray(sc, dtype=np.float32))
+            align_s = max(align_s, sec)
+        if E:
+            self.W = update_weights(self.W, edges, scores, c.gamma, c.domain)  # Eq. (1)
+        steps = [
+            host.res_step.remote(self.W[ops.layout[h]].numpy(), c.lr, c.rho, t, *blocks)
+            for h, host in enumerate(hosts)
+        ]
+        results = ops._get(steps)
+        loss = torch.cat([torch.from_numpy(np.asarray(r[0])) for r in results])
+        ops.critical_compute_s += align_s + max(r[1] for r in results)
+        return algo.stats(loss, E, n)
 
     def _stale_round(self, t: int) -> dict[str, float]:
         """CoBo with bounded staleness: the alignment gradients of round t are requested
@@ -481,17 +624,31 @@ class CoordinatorImpl:
     def evaluate(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         from raycobo.algorithms import evaluate
 
+        if self.resident:
+            res = self.ops._get([h.res_evaluate.remote() for h in self.ops.hosts])
+            loss = torch.cat([torch.from_numpy(np.asarray(r[0])) for r in res])
+            has_acc = all(r[1] is not None for r in res)
+            acc = torch.cat([torch.from_numpy(np.asarray(r[1])) for r in res]) if has_acc else None
+            return loss, acc
+
         ev = evaluate(self.algo, self.state, self.ops)
         return ev.loss, ev.accuracy
 
     def collaboration(self) -> torch.Tensor | None:
+        if self.resident:
+            return self.W.clone()
         W = self.algo.collaboration(self.state)
         return None if W is None else W.detach().cpu()
 
     def eval_params(self) -> torch.Tensor:
+        if self.resident:
+            blocks = self.ops._get([h.res_block.remote() for h in self.ops.hosts])
+            return torch.cat([torch.from_numpy(np.array(b)) for b in blocks])
         return self.algo.eval_params(self.state).detach().cpu()
 
     def artifacts(self) -> dict[str, Any]:
+        if self.resident:
+            return {}
         export = getattr(self.algo, "artifacts", None)
         return export(self.state) if export is not None else {}
 
@@ -525,8 +682,15 @@ class RayRun:
     def __init__(self, cfg: Config, n_clients: int):
         import ray
 
-        start_ray(cfg)
         e = cfg.engine
+        if e.resident and (cfg.algorithm.name != "cobo" or cfg.schedule or e.staleness):
+            from raycobo.config import ConfigError
+
+            raise ConfigError(
+                "invalid config key 'engine.resident': host-resident models run cobo only, "
+                "without a schedule or staleness"
+            )
+        start_ray(cfg)
         self.cfg = cfg
         n = n_clients
         self.layout = host_layout(n, e.clients_per_actor)

@@ -248,3 +248,37 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
     X_l, W_l, _ = run_local(sync, 6)
     (X_s, W_s, _), _ = run_ray(sync, 6)
     assert_close(X_s, X_l, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("task", ["quadratic", "digits"])
+def test_host_resident_cobo_matches_the_local_engine(
+    ray_2_cpus_2_fake_gpus, quad_cfg_module, digits_cfg, task
+):
+    """engine.resident: models stay in the hosts, pairs straddle hosts (clients 0-2 on
+    host 0, 3-4 on host 1), and X, W and the evaluations equal the local engine's."""
+    if task == "quadratic":
+        cfg = with_overrides(quad_cfg_module, {"algorithm.name": "cobo", "rounds": 6})
+    else:
+        cfg = digits_cfg(
+            "engine.kind=ray",
+            "engine.clients_per_actor=3",
+            "engine.cpus_per_actor=0.5",
+            "algorithm.sampling=constant",
+            "algorithm.sampling_c=2",
+            f"engine.timeout_s={TIMEOUT}",
+        )
+    cfg = with_overrides(cfg, {"engine.resident": True})
+    X_l, W_l, L_l = run_local(cfg, 6)
+    (X_r, W_r, L_r), report = run_ray(cfg, 6)
+    assert_close(X_r, X_l, atol=1e-5, rtol=1e-4)
+    assert_close(W_r, W_l, atol=1e-5, rtol=1e-4)
+    assert_close(L_r, L_l, atol=1e-5, rtol=1e-4)
+    assert report["round_host_compute_seconds"] > 0
+
+
+def test_host_resident_needs_cobo(quad_cfg_module):
+    from raycobo.config import ConfigError
+
+    cfg = with_overrides(quad_cfg_module, {"algorithm.name": "fedavg", "engine.resident": True})
+    with pytest.raises(ConfigError, match="engine.resident"):
+        RayRun(cfg, 5)
