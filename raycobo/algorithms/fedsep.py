@@ -318,6 +318,20 @@ class TopKState:
     E: torch.Tensor  # (n, d) error memories
 
 
+def top_count(cfg: AlgorithmConfig, d: int) -> int:
+    """K of the top-K compressors, from ``algorithm.topk_fraction``."""
+    return max(1, min(d, round(cfg.topk_fraction * d)))
+
+
+def local_updates(ops: ClientOps, x: torch.Tensor, cfg: AlgorithmConfig, seed: int, t: int):
+    """The sampled clients' local SGD updates from the global model x (d,).
+    -> (clients (m,), updates y - x (m, d), first-step losses (m,))"""
+    clients = sample_clients(ops.n_clients, cfg.client_rate, seed, t).to(x.device)
+    start = x.expand(clients.numel(), -1)
+    Y, loss = local_sgd(ops, clients, start, cfg.lr, cfg.local_steps, t, rng.STEP)
+    return clients, Y - start, loss
+
+
 def top_k(V: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k largest-magnitude entries of every row, zero the rest."""
     idx = V.abs().topk(k, dim=1).indices
@@ -337,11 +351,9 @@ class TopKEF:
     def round(self, state: TopKState, t: int, ops: ClientOps) -> tuple[TopKState, dict]:
         c = self.cfg
         d = ops.dim
-        k = max(1, min(d, round(c.topk_fraction * d)))
-        clients = sample_clients(ops.n_clients, c.client_rate, self.seed, t).to(state.x.device)
-        start = state.x.expand(clients.numel(), -1)
-        Y, loss = local_sgd(ops, clients, start, c.lr, c.local_steps, t, rng.STEP)
-        V = (Y - start) + state.E[clients]  # update plus memory
+        k = top_count(c, d)
+        clients, delta, loss = local_updates(ops, state.x, c, self.seed, t)
+        V = delta + state.E[clients]  # update plus memory
         sent = top_k(V, k)
         E = state.E.clone()
         E[clients] = V - sent
@@ -613,16 +625,14 @@ class CountSketchFL:
     def round(self, state: SketchState, t: int, ops: ClientOps) -> tuple[SketchState, dict]:
         c = self.cfg
         d = ops.dim
-        k = max(1, min(d, round(c.topk_fraction * d)))
+        k = top_count(c, d)
         if 4 * k > self.cols:
             raise ConfigError(
                 f"invalid config key 'algorithm.topk_fraction': {k} coordinates from a sketch "
                 f"of {self.cols} columns (need at least 4k; raise algorithm.sketch_cols)"
             )
-        clients = sample_clients(ops.n_clients, c.client_rate, self.seed, t).to(state.x.device)
-        start = state.x.expand(clients.numel(), -1)
-        Y, loss = local_sgd(ops, clients, start, c.lr, c.local_steps, t, rng.STEP)
-        sketches = count_sketch(Y - start, self.bucket, self.sign, self.cols)  # (m, r, c)
+        clients, delta, loss = local_updates(ops, state.x, c, self.seed, t)
+        sketches = count_sketch(delta, self.bucket, self.sign, self.cols)  # (m, r, c)
         Se = state.Se + c.server_lr * sketches.mean(dim=0)  # sketches are linear
         update = top_k(unsketch(Se, self.bucket, self.sign)[None], k)[0]
         Se = Se - count_sketch(update[None], self.bucket, self.sign, self.cols)[0]
