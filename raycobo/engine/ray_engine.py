@@ -60,6 +60,10 @@ def host_layout(n: int, per_actor: int) -> list[list[int]]:
     return [list(range(a, min(n, a + per_actor))) for a in range(0, n, per_actor)]
 
 
+class HostStateLost(RuntimeError):
+    """A restarted host was asked for models it no longer holds (engine.resident)."""
+
+
 class ClientHostImpl:
     """The body of the ClientHost actor (plain class, so it can be tested in-process)."""
 
@@ -116,9 +120,14 @@ class ClientHostImpl:
     def res_init(self, x0) -> None:
         self.X = self._in(x0).expand(len(self.clients), -1).clone()
 
+    def _models(self) -> torch.Tensor:
+        if not hasattr(self, "X"):  # restarted by Ray and not restored yet
+            raise HostStateLost(f"host of clients {self.clients} lost its models")
+        return self.X
+
     def res_block(self):
         """This host's models, published once per round for the other hosts."""
-        return self.X.cpu().numpy()
+        return self._models().cpu().numpy()
 
     def _rows_of(self, blocks, owner_local) -> torch.Tensor:
         """Rows (host, local index) gathered from the hosts' published blocks."""
@@ -135,7 +144,7 @@ class ClientHostImpl:
             self._align_s = 0.0
             return np.zeros((0, self.ops.dim), dtype=np.float32)
         own = self._in(own_local)
-        Z = 0.5 * (self.X[own] + self._rows_of(blocks, partners))
+        Z = 0.5 * (self._models()[own] + self._rows_of(blocks, partners))
         G, _ = self.ops.grads(own, Z, round, rng.ALIGN, self._in(salts))
         self._align_s = time.perf_counter() - t0
         return G.cpu().numpy()
@@ -150,7 +159,7 @@ class ClientHostImpl:
         scores = np.zeros(0, dtype=np.float32)
         if len(own_local):
             own = self._in(own_local)
-            Z = 0.5 * (self.X[own] + self._rows_of(parts[H:], partners))
+            Z = 0.5 * (self._models()[own] + self._rows_of(parts[H:], partners))
             G, _ = self.ops.grads(own, Z, round, rng.ALIGN, self._in(salts))
             Gi = self._rows_of(parts[:H], first_rows)
             scores = torch.linalg.vecdot(Gi, G).cpu().numpy()
@@ -164,12 +173,17 @@ class ClientHostImpl:
 
         def go():
             local = torch.arange(len(self.clients))
-            G, L = self.ops.grads(local, self.X, round, rng.STEP, 0)
+            G, L = self.ops.grads(local, self._models(), round, rng.STEP, 0)
             X_all = torch.cat([torch.as_tensor(b) for b in blocks]).to(self.device)
             self.X = penalized_rows(self.X, X_all, G, self._in(W_rows), lr, rho)
             return L.cpu().numpy()
 
-        return self._timed(go)
+        # the new models go straight to the object store: next round's published block
+        # and, should this host die, the checkpoint it restarts from
+        return self._timed(go), self.res_block()
+
+    def res_restore(self, block) -> None:
+        self.X = torch.as_tensor(np.array(block, copy=True)).to(self.device)
 
     def res_evaluate(self):
         ev = self.ops.evaluate(torch.arange(len(self.clients)), self.X)
@@ -486,6 +500,7 @@ class CoordinatorImpl:
 
             x0 = self.ops.initial_params().numpy()
             self.ops._get([h.res_init.remote(x0) for h in self.ops.hosts])
+            self.blocks = [h.res_block.remote() for h in self.ops.hosts]  # x^0 published
             self.W = initial_weights(self.ops.n_clients, self.algo.cfg.domain)
         else:
             self.state = self.algo.init(self.ops)
@@ -502,7 +517,7 @@ class CoordinatorImpl:
         while True:
             try:
                 if self.resident:
-                    stats = self._resident_round(t)
+                    stats = self._resident_round_with_restarts(t)
                 elif asynchronous:
                     stats = self._stale_round(t)
                 else:
@@ -523,14 +538,56 @@ class CoordinatorImpl:
         self.round_host_compute_s += self.ops.critical_compute_s - c0
         return stats
 
+    def _resident_round_with_restarts(self, t: int) -> dict[str, float]:
+        """A host that dies during a resident round is restarted by Ray and restored from
+        the models it last published (this round's x^t, kept in the object store); every
+        host is reset to x^t, W to its value before the round, and the round redone."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        lost = (RayActorError, ActorDiedError, ActorUnavailableError, HostStateLost)
+        W0 = self.W.clone()
+        for attempt in range(self.ops.retries + 1):
+            try:
+                return self._resident_round(t)
+            except Exception as err:  # noqa: BLE001 - a lost host, or a task that needed it
+                if not isinstance(err, lost) and not isinstance(getattr(err, "cause", None), lost):
+                    raise
+                self.ops.events.append(
+                    {
+                        "event": "host_failed",
+                        "round": t,
+                        "attempt": attempt,
+                        "error": type(err).__name__,
+                    }
+                )
+                self.W = W0.clone()
+                self._restore_hosts(lost)
+        raise RuntimeError(f"resident round {t} failed {self.ops.retries + 1} times")
+
+    def _restore_hosts(self, lost: tuple, wait_s: float = 60.0) -> None:
+        """Reset every host to its published models, waiting while Ray restarts one."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                refs = [
+                    h.res_restore.remote(b)
+                    for h, b in zip(self.ops.hosts, self.blocks, strict=True)
+                ]
+                self.ops._get(refs)
+                return
+            except lost:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
     def _resident_round(self, t: int) -> dict[str, float]:
-        """CoBo with host-resident models. Each host publishes its models once to the
-        object store; the hosts of the first endpoints compute g_i(z_ij) from x_i and the
-        partner's published x_j; the hosts of the second endpoints compute g_j(z_ij) and
-        the scores <g_i, g_j> from the first gradients (host to host through the object
-        store); the coordinator updates W from E numbers and sends each host its W rows;
-        each host takes Eq. (3) for its clients against the published models. Only W
-        rows, indices and scores pass through the coordinator."""
+        """CoBo with host-resident models. Every host's models of this round are in the
+        object store (published by its last step). The hosts of the first endpoints
+        compute g_i(z_ij) from x_i and the partner's published x_j; the hosts of the
+        second endpoints compute g_j(z_ij) and the scores <g_i, g_j>, reading g_i host to
+        host through the object store; the coordinator updates W from the E scores and
+        sends each host its W rows; each host takes Eq. (3) for its clients against the
+        published models. Only W rows, indices and scores pass through the coordinator."""
         from raycobo.algorithms.cobo import update_weights
 
         algo, ops, c = self.algo, self.ops, self.algo.cfg
@@ -540,7 +597,7 @@ class CoordinatorImpl:
         E = edges.shape[0]
         i, j = edges[:, 0], edges[:, 1]
         t0 = time.perf_counter()
-        blocks = [h.res_block.remote() for h in hosts]
+        blocks = self.blocks  # everyone's x^t, published by the last step (or setup)
 
         def pairs(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
             return torch.stack([a, b], dim=1).numpy().reshape(-1, 2)
@@ -584,10 +641,13 @@ class CoordinatorImpl:
         if E:
             self.W = update_weights(self.W, edges, scores, c.gamma, c.domain)  # Eq. (1)
         steps = [
-            host.res_step.remote(self.W[ops.layout[h]].numpy(), c.lr, c.rho, t, *blocks)
+            host.res_step.options(num_returns=2).remote(
+                self.W[ops.layout[h]].numpy(), c.lr, c.rho, t, *blocks
+            )
             for h, host in enumerate(hosts)
         ]
-        results = ops._get(steps)
+        results = ops._get([info for info, _ in steps])
+        self.blocks = [block for _, block in steps]  # x^{t+1}, the next round's checkpoint
         loss = torch.cat([torch.from_numpy(np.asarray(r[0])) for r in results])
         ops.critical_compute_s += align_s + max(r[1] for r in results)
         return algo.stats(loss, E, n)
@@ -642,7 +702,7 @@ class CoordinatorImpl:
 
     def eval_params(self) -> torch.Tensor:
         if self.resident:
-            blocks = self.ops._get([h.res_block.remote() for h in self.ops.hosts])
+            blocks = self.ops._get(list(self.blocks))
             return torch.cat([torch.from_numpy(np.array(b)) for b in blocks])
         return self.algo.eval_params(self.state).detach().cpu()
 
