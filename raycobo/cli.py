@@ -241,9 +241,10 @@ def demo(
         typer.echo(f"run directories: {root}/<algorithm>/   (summary.json, metrics.csv, plots/)")
         typer.echo(f"comparison:      {root}/comparison.md   report: {root}/report.html")
         typer.echo(f"plots:           {root}/plots/curves.png, {root}/plots/collaboration.png")
-        store, exp = resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
-        typer.echo(f"MLflow store:    {store}  (experiment '{exp}')")
-        typer.echo(f"open it with:    {ui_command(cfg.tracking)}")
+        if cfg.tracking.enabled:
+            store, exp = resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
+            typer.echo(f"MLflow store:    {store}  (experiment '{exp}')")
+            typer.echo(f"open it with:    {ui_command(cfg.tracking)}")
 
     _guarded(debug, go)
 
