@@ -6,14 +6,21 @@ import torch
 
 from raycobo.algorithms.base import ClientOps
 from raycobo.config import Config
-from raycobo.data import FederatedData, QuadraticProblem
+from raycobo.data import QuadraticProblem
 from raycobo.data.quadratic import QuadraticOps
 from raycobo.models import build_model
 
 
-def make_local_ops(cfg: Config, data: FederatedData | QuadraticProblem) -> ClientOps:
-    """ClientOps in this process: ``local`` (vectorized) or ``loop`` (per-client loop)."""
-    device = cfg.engine.device
+def make_local_ops(
+    cfg: Config,
+    data,
+    device: str | None = None,
+    client_ids: torch.Tensor | None = None,
+) -> ClientOps:
+    """ClientOps in this process: ``loop`` (per-client loop) or else vectorized; a Ray
+    host passes its device and the global ids of the clients it holds (``data`` is then
+    their subset), so its batches are the ones the local engine draws."""
+    device = device or cfg.engine.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         from raycobo.config import ConfigError
 
@@ -21,19 +28,19 @@ def make_local_ops(cfg: Config, data: FederatedData | QuadraticProblem) -> Clien
             f"invalid config key 'engine.device': '{device}' but CUDA is not available"
         )
     if isinstance(data, QuadraticProblem):
-        return QuadraticOps(data, cfg.seed, device)
+        return QuadraticOps(data, cfg.seed, device, client_ids=client_ids)
     from raycobo.data.text import TextData
 
     if isinstance(data, TextData):  # one path for local and loop: rows run one by one
         from raycobo.engine.llm import LoRAOps
 
-        return LoRAOps(data, cfg, device)
+        return LoRAOps(data, cfg, device, client_ids=client_ids)
     from raycobo.engine.local import LoopOps, VectorizedOps
 
     model = build_model(cfg.model, data.input_shape, data.num_classes)
-    aug = cfg.data.augment
+    common = dict(client_ids=client_ids, augment=cfg.data.augment)
     if cfg.engine.kind == "loop":
-        return LoopOps(data, model, cfg.batch_size, cfg.seed, device, augment=aug)
+        return LoopOps(data, model, cfg.batch_size, cfg.seed, device, **common)
     return VectorizedOps(
-        data, model, cfg.batch_size, cfg.seed, device, chunk_size=cfg.engine.chunk_size, augment=aug
+        data, model, cfg.batch_size, cfg.seed, device, chunk_size=cfg.engine.chunk_size, **common
     )

@@ -69,7 +69,7 @@ class ClientHostImpl:
 
     def __init__(self, cfg_dict: dict[str, Any], clients: list[int], slow_s: float = 0.0):
         from raycobo.config import validate
-        from raycobo.data import QuadraticProblem, load_data
+        from raycobo.data import load_data
 
         cfg = validate(cfg_dict)
         self.clients = clients
@@ -87,33 +87,10 @@ class ClientHostImpl:
             self.device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to the assigned GPU
         if cfg.engine.threads:
             torch.set_num_threads(cfg.engine.threads)
-        from raycobo.data.text import TextData
+        from raycobo.engine import make_local_ops
 
-        data = load_data(cfg)
-        ids = torch.tensor(clients)
-        if isinstance(data, TextData):
-            from raycobo.engine.llm import LoRAOps
-
-            self.ops = LoRAOps(data.subset(clients), cfg, self.device, client_ids=ids)
-        elif isinstance(data, QuadraticProblem):
-            from raycobo.data.quadratic import QuadraticOps
-
-            self.ops = QuadraticOps(data.subset(clients), cfg.seed, self.device, client_ids=ids)
-        else:
-            from raycobo.engine.local import VectorizedOps
-            from raycobo.models import build_model
-
-            model = build_model(cfg.model, data.input_shape, data.num_classes)
-            self.ops = VectorizedOps(
-                data.subset(clients),
-                model,
-                cfg.batch_size,
-                cfg.seed,
-                self.device,
-                client_ids=ids,
-                chunk_size=cfg.engine.chunk_size,
-                augment=cfg.data.augment,
-            )
+        data = load_data(cfg)  # rebuilt from the config: a restarted host serves the same
+        self.ops = make_local_ops(cfg, data.subset(clients), self.device, torch.tensor(clients))
         del data
 
     # -- host-resident CoBo (engine.resident): the host keeps its clients' models --------
@@ -380,8 +357,12 @@ class RayClientOps:
         res = self._call(
             "grads", {h: (loc, z, round, st, s) for h, (_, loc, z, s, st) in parts.items()}
         )
-        G = torch.empty(m, self.dim, dtype=Z.dtype)
-        L = torch.empty(m, dtype=Z.dtype)
+        return self._gather_grads(m, Z.dtype, parts, res)
+
+    def _gather_grads(self, m: int, dtype, parts: dict, res: dict):
+        """Per-host (G, losses) answers back into request order. -> (G (m, d), L (m,))"""
+        G = torch.empty(m, self.dim, dtype=dtype)
+        L = torch.empty(m, dtype=dtype)
         for h, (mask, *_rest) in parts.items():
             G[mask] = torch.from_numpy(res[h][0])
             L[mask] = torch.from_numpy(res[h][1])
@@ -455,14 +436,10 @@ class AsyncGrads:
         from ray.exceptions import RayActorError
 
         try:
-            res = {h: self.ops._get(ref) for h, ref in self.refs.items()}
+            res = {h: self.ops._get(ref)[0] for h, ref in self.refs.items()}  # drop timing
         except RayActorError:
             return self.ops.grads(*self.request)[0]
-        m = self.request[0].numel()
-        G = torch.empty(m, self.ops.dim, dtype=self.dtype)
-        for h, (mask, *_rest) in self.parts.items():
-            G[mask] = torch.from_numpy(res[h][0][0])
-        return G
+        return self.ops._gather_grads(self.request[0].numel(), self.dtype, self.parts, res)[0]
 
 
 class HostsLost(RuntimeError):
