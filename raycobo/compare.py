@@ -252,15 +252,16 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         reach = "-" if r["rounds_to_target"] is None else f"{r['rounds_to_target']:.0f}"
         loss = "-" if r["mean_loss"] is None else f"{r['mean_loss']:.3f}"
         lines.append(
-            f"| {r['algorithm']} | {acc} | {loss} | {_mb(r.get('mean_perplexity'))} | {imp} | "
+            f"| {r['algorithm']} | {acc} | {loss} | {_sig3(r.get('mean_perplexity'))} | {imp} | "
             f"{_pct(r['worst10_accuracy'])} | "
             f"{_pct(r['worst20_accuracy'])} | {_pct(r['client_std_accuracy'])} | {reach} | "
-            f"{r['wall_seconds']:.1f} | {_mb(r.get('megabytes_sent'))} |"
+            f"{r['wall_seconds']:.1f} | {_sig3(r.get('megabytes_sent'))} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def _mb(v: float | None) -> str:
+def _sig3(v: float | None) -> str:
+    """Three significant digits, or - (megabytes, perplexity)."""
     return "-" if v is None else f"{v:.3g}"
 
 

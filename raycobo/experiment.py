@@ -152,7 +152,7 @@ def run_experiment(
             W = algo.collaboration(state)
             row = _eval_record(r, ev, ctx.clusters, agreement_of(algo, state, W, ctx.clusters))
             if text_task:  # language models: per-client validation perplexity
-                row["mean_perplexity"] = _clean(torch.exp(ev.loss.double()).mean())
+                row["mean_perplexity"] = _clean(torch.exp(ev.loss.double()).nanmean())
             row.update({k: v for k, v in stats.items() if k not in row})
             metrics_log.write(_client_rows(r, ev, ctx.clusters))
             history.append(row)

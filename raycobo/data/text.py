@@ -43,6 +43,7 @@ class TextData:
     val: list[torch.Tensor]
     clients: list[str]  # what each client's corpus is (a language, a file)
     clusters: list[int | None]
+    vocab_size: int  # of the tokenizer that cut the blocks (sizes a fresh model)
 
     @property
     def n_clients(self) -> int:
@@ -55,6 +56,7 @@ class TextData:
             [self.val[c] for c in clients],
             [self.clients[c] for c in clients],
             [self.clusters[c] for c in clients],
+            self.vocab_size,
         )
 
 
@@ -212,4 +214,4 @@ def load_text(cfg: DataConfig, tokenizer, seed: int) -> TextData:
         n_val = min(B.shape[0] - 1, max(1, round(cfg.partition.test_split * B.shape[0])))
         val.append(B[:n_val].clone())
         train.append(B[n_val:].clone())
-    return TextData("multilingual_text", train, val, labels, [None] * len(labels))
+    return TextData("multilingual_text", train, val, labels, [None] * len(labels), len(tokenizer))

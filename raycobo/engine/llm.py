@@ -31,7 +31,7 @@ class LoRAOps:
         client_ids: torch.Tensor | None = None,
         eval_batch: int = 16,
     ):
-        from raycobo.models.llm import load_base_model, load_tokenizer, with_lora
+        from raycobo.models.llm import load_base_model, with_lora
 
         self.cfg = cfg
         self.seed = cfg.seed
@@ -46,8 +46,7 @@ class LoRAOps:
         self.eval_batch = eval_batch
         self.train = [b.to(self.device) for b in data.train]
         self.val = [b.to(self.device) for b in data.val]
-        tok = load_tokenizer(cfg.model)
-        base = load_base_model(cfg.model, len(tok), cfg.seed)
+        base = load_base_model(cfg.model, data.vocab_size, cfg.seed)
         self.model = with_lora(base, cfg.model, cfg.seed).to(self.device)
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
