@@ -8,6 +8,14 @@ from raycobo import rng
 from raycobo.algorithms.base import ClientOps
 
 
+def top_indices(v: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries along the last dimension, ties going to the lower
+    index. ``torch.topk`` breaks ties differently on CPU and CUDA (and integer-valued
+    data such as digits' pixels gives exactly equal gradient magnitudes); a stable sort
+    picks the same entries on every device."""
+    return torch.sort(v, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 def sample_clients(n: int, rate: float, seed: int, t: int) -> torch.Tensor:
     """Client ids taking part in round t: each with probability ``rate`` (at least one)."""
     ids = torch.arange(n)

@@ -36,6 +36,7 @@ import torch
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps, Evaluation
+from raycobo.algorithms.common import top_indices
 from raycobo.config import AlgorithmConfig
 
 
@@ -142,7 +143,8 @@ class FedeRiCo:
         """Each client's largest mixture components: model ids (n, k), weights (n, k)."""
         W = state.W
         k = min(self.cfg.mixture_components, W.shape[1])
-        w, idx = W.topk(k, dim=1)
+        idx = top_indices(W, k)
+        w = W.gather(1, idx)
         return idx, w / w.sum(dim=1, keepdim=True)
 
     def evaluate(self, state: FedeRiCoState, ops: ClientOps) -> Evaluation:

@@ -55,7 +55,7 @@ import torch
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps, all_clients
-from raycobo.algorithms.common import local_sgd, sample_clients
+from raycobo.algorithms.common import local_sgd, sample_clients, top_indices
 from raycobo.config import AlgorithmConfig, ConfigError
 
 FLOAT, INDEX = 4, 4  # bytes per sent value / index
@@ -334,7 +334,7 @@ def local_updates(ops: ClientOps, x: torch.Tensor, cfg: AlgorithmConfig, seed: i
 
 def top_k(V: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k largest-magnitude entries of every row, zero the rest."""
-    idx = V.abs().topk(k, dim=1).indices
+    idx = top_indices(V.abs(), k)
     return torch.zeros_like(V).scatter_(1, idx, V.gather(1, idx))
 
 
@@ -465,7 +465,7 @@ def top_share(layers: list[MaskLayer], A: torch.Tensor, budget: torch.Tensor) ->
         a = A[:, u : u + L.channels]
         for i in range(A.shape[0]):
             k = max(1, int(math.ceil(float(budget[i]) * L.channels)))
-            out[i, u + a[i].topk(k).indices] = 1.0
+            out[i, u + top_indices(a[i], k)] = 1.0
         u += L.channels
     return out
 

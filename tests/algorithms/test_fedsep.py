@@ -302,3 +302,12 @@ def test_count_sketch_training_lowers_the_loss_and_guards_its_size(digits_cfg):
     _, ops, algo = build(bad)
     with pytest.raises(ConfigError, match="topk_fraction"):
         algo.round(algo.init(ops), 0, ops)
+
+
+def test_top_k_breaks_ties_toward_the_lower_index():
+    """Equal magnitudes (common with integer-valued pixels) must select the same entries
+    on every device: the lower indices."""
+    from raycobo.algorithms.fedsep import top_k
+
+    V = torch.tensor([[1.0, -3.0, 3.0, 0.5, -3.0], [2.0, 2.0, 2.0, 2.0, 1.0]])
+    assert torch.equal(top_k(V, 2), torch.tensor([[0.0, -3.0, 3.0, 0.0, 0.0], [2, 2, 0, 0, 0.0]]))
