@@ -342,27 +342,36 @@ def bench_ray(
     out: Path | None = None,
     echo=print,
     resident: list[bool] = (False,),
+    gpus_per_client: float = 0.0,
+    device: str = "cpu",
+    data_root: str | None = None,
+    fraction: float = 0.05,
 ) -> list[RayRow]:
     """CoBo rounds on the Ray engine against the local engine on the same config (MLP
     784-64-10 on Fashion-MNIST, or digits when it is missing): median ms per round and
     the coordination share (1 - the slowest host's compute / round time). With
     ``slow_seconds`` host 1 computes that much longer per gradient, to measure bounded
-    staleness (``engine.staleness``)."""
+    staleness (``engine.staleness``). ``gpus_per_client`` > 0 places the hosts on GPU
+    fractions (they compute on CUDA when Ray gives them a GPU); ``device`` is the local
+    engine's."""
     from raycobo.config import load_config
     from raycobo.data import fashion_mnist_available
     from raycobo.engine.ray_engine import RayRun, start_ray
     from raycobo.experiment import build_run
 
-    data = "fashion_mnist" if fashion_mnist_available() else "digits"
+    data = "fashion_mnist" if fashion_mnist_available(data_root) else "digits"
     rows: list[RayRow] = []
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     echo(
         f"torch threads: {torch.get_num_threads()}, load average: {os.getloadavg()[0]:.2f}, "
-        f"data: {data}"
+        f"data: {data}, GPU: {gpu}, local engine on {device}, "
+        f"{gpus_per_client:g} GPU per client on ray"
     )
     for n in clients:
         base = [
             f"data.name={data}",
-            "data.fraction=0.05",
+            f"data.fraction={fraction if data == 'fashion_mnist' else 1.0}",
+            *([f"data.root={data_root}"] if data_root else []),
             "data.partition.num_clusters=4",
             f"data.partition.clients_per_cluster={max(1, n // 4)}",
             "algorithm.name=cobo",
@@ -371,7 +380,7 @@ def bench_ray(
             f"rounds={rounds + 2}",
             "tracking.enabled=false",
         ]
-        cfg = load_config(None, base)
+        cfg = load_config(None, [*base, f"engine.device={device}"])
         ops, algo = build_run(cfg)
         local_ms = 1e3 * _time(Stepper(algo, ops), rounds)
         modes = [(k, s, r) for k in per_actor for s in staleness for r in resident]
@@ -385,6 +394,9 @@ def bench_ray(
                     "engine.kind=ray",
                     f"engine.clients_per_actor={k}",
                     "engine.cpus_per_actor=0",
+                    # the hosts share the machine's cores (the local engine uses them all)
+                    f"engine.threads={max(1, torch.get_num_threads() // -(-ops.n_clients // k))}",
+                    f"engine.gpus_per_client={gpus_per_client}",
                     f"engine.staleness={s}",
                     "engine.slow_hosts=[1]",
                     f"engine.slow_seconds={slow_seconds}",

@@ -358,6 +358,12 @@ def bench_ray_cmd(
     staleness: Annotated[str, typer.Option(help="comma-separated engine.staleness")] = "0",
     resident: Annotated[str, typer.Option(help="no, yes or both (engine.resident)")] = "both",
     threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    gpus_per_client: Annotated[
+        float, typer.Option(help="engine.gpus_per_client of the Ray hosts")
+    ] = 0.0,
+    device: Annotated[str, typer.Option(help="the local engine's device (cpu, cuda)")] = "cpu",
+    data_root: Annotated[str | None, typer.Option(help="Fashion-MNIST folder (idx files)")] = None,
+    fraction: Annotated[float, typer.Option(help="data.fraction of Fashion-MNIST")] = 0.05,
     out: Out = None,
     debug: Debug = False,
 ) -> None:
@@ -382,6 +388,10 @@ def bench_ray_cmd(
             out,
             echo=typer.echo,
             resident=modes[resident],
+            gpus_per_client=gpus_per_client,
+            device=device,
+            data_root=data_root,
+            fraction=fraction,
         )
 
     _guarded(debug, go)

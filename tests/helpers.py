@@ -35,3 +35,31 @@ def on_engines(cfg, rounds: int, kinds=("local", "loop")):
         _, ops, algo = build(with_overrides(cfg, {"engine.kind": kind}), data, rounds)
         out.append((algo, ops, run_rounds(algo, ops, rounds)))
     return out
+
+
+def run_local(cfg, rounds: int):
+    """(X, W, evaluation loss) after ``rounds`` rounds on the config's local engine."""
+    from raycobo.algorithms import evaluate
+
+    _, ops, algo = build(cfg)
+    state = run_rounds(algo, ops, rounds)
+    return algo.eval_params(state), algo.collaboration(state), evaluate(algo, state, ops).loss
+
+
+def run_ray(cfg, rounds: int, between=None):
+    """The same on the Ray engine (Ray already started): ((X, W, loss), engine report).
+    ``between(run, t)`` is called before each round (to kill hosts, join clients)."""
+    from raycobo.data import load_data
+    from raycobo.engine.ray_engine import RayRun
+
+    run = RayRun(cfg, load_data(cfg).n_clients)
+    try:
+        state = run.init(run)
+        for t in range(rounds):
+            if between is not None:
+                between(run, t)
+            state, _ = run.round(state, t, run)
+        out = (run.eval_params(state), run.collaboration(state), run.evaluate(state, run).loss)
+        return out, run.summary_extras()
+    finally:
+        run.close()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import ClientOps, all_clients
+from raycobo.algorithms.base import ClientOps
 from raycobo.algorithms.projections import project_box, project_simplex
 from raycobo.algorithms.samplers import EdgeSampler
 from raycobo.algorithms.sparse_weights import SparseBoxWeights
@@ -64,22 +64,45 @@ def update_weights(
     W: (n, n); edges: (E, 2) with i < j; scores: (E,) = <g_i(z_ij), g_j(z_ij)>."""
     if edges.numel() == 0:
         return W
-    i, j = edges[:, 0], edges[:, 1]
     if isinstance(W, SparseBoxWeights):
+        i, j = edges[:, 0], edges[:, 1]
         return W.update(i, j, project_box(W.get(i, j) + gamma * scores.to(W.vals.dtype)))
-    W = W.clone()
-    step = gamma * scores.to(W.dtype)  # (E,)
-    if domain == "box":
-        w = project_box(W[i, j] + step)
-        W[i, j] = w
-        W[j, i] = w
+    rows = torch.arange(W.shape[0], device=W.device)
+    return update_weight_rows(W, rows, edges, scores, gamma, domain)
+
+
+def update_weight_rows(
+    W_rows: torch.Tensor,
+    row_ids: torch.Tensor,
+    edges: torch.Tensor,
+    scores: torch.Tensor,
+    gamma: float,
+    domain: str,
+) -> torch.Tensor:
+    """Eq. (1) on some rows of W: ``W_rows`` (r, n) are the rows ``row_ids`` (r,), as a
+    host holding those clients keeps them. Every row gets the numbers that updating the
+    whole W would give it (``update_weights`` is this with all rows). Edges that touch
+    none of the rows are ignored."""
+    n = W_rows.shape[1]
+    pos = torch.full((n,), -1, dtype=torch.int64, device=W_rows.device)
+    pos[row_ids] = torch.arange(row_ids.numel(), device=W_rows.device)
+    i, j = edges[:, 0].to(W_rows.device), edges[:, 1].to(W_rows.device)
+    pi, pj = pos[i], pos[j]
+    a, b = pi >= 0, pj >= 0  # the edge's row w_i. / w_j. is held here
+    step = gamma * scores.to(W_rows.device, W_rows.dtype)  # (E,)
+    W = W_rows.clone()
+    if domain == "box":  # W stays symmetric: w_ij = w_ji, updated together
+        current = torch.where(a, W[pi.clamp_min(0), j], W[pj.clamp_min(0), i])
+        w = project_box(current + step)
+        W[pi[a], j[a]] = w[a]
+        W[pj[b], i[b]] = w[b]
         return W
-    W[i, j] += step
-    W[j, i] += step
-    rows = torch.unique(edges.flatten())
-    mask = torch.ones(rows.numel(), W.shape[1], dtype=torch.bool, device=W.device)
-    mask[torch.arange(rows.numel(), device=W.device), rows] = False  # w_ii not in the simplex
-    W[rows] = project_simplex(W[rows], mask)
+    W[pi[a], j[a]] += step[a]
+    W[pj[b], i[b]] += step[b]
+    touched = torch.unique(torch.cat([pi[a], pj[b]]))
+    mask = torch.ones(touched.numel(), n, dtype=torch.bool, device=W.device)
+    mask[torch.arange(touched.numel(), device=W.device), row_ids[touched]] = False  # w_ii
+    W[touched] = project_simplex(W[touched], mask)
     return W
 
 
@@ -141,16 +164,24 @@ class CoBo:
             return CoBoState(X, SparseBoxWeights.ones(n, X.device))
         return CoBoState(X, initial_weights(n, c.domain, X.device))
 
+    def sample_edges(
+        self, active: torch.Tensor | None, t: int, n_clients: int, device=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Round t's sampled pairs among the present clients (global ids, i < j), and the
+        present clients (who take the model step). -> (edges (E, 2), members (m,))"""
+        ids = None if active is None else torch.nonzero(active).flatten()
+        n = n_clients if ids is None else ids.numel()  # clients in the system
+        edges = self.sampler(n).sample(t).to(device)  # (E, 2), among the present
+        members = torch.arange(n_clients, device=device) if ids is None else ids.to(device)
+        if ids is not None:
+            edges = members[edges]  # global ids, still i < j
+        return edges, members
+
     def plan(self, state: CoBoState, t: int, ops: ClientOps) -> RoundPlan:
         """The requests of round t: the sampled edges (among the present clients) with
         their midpoints, and the clients that take the model step."""
         X = state.X
-        ids = None if state.active is None else torch.nonzero(state.active).flatten()
-        n = ops.n_clients if ids is None else ids.numel()  # clients in the system
-        edges = self.sampler(n).sample(t).to(X.device)  # (E, 2), among the present
-        members = all_clients(ops) if ids is None else ids.to(X.device)
-        if ids is not None:
-            edges = members[edges]  # global ids, still i < j
+        edges, members = self.sample_edges(state.active, t, ops.n_clients, X.device)
         i, j = edges[:, 0], edges[:, 1]
         Z = 0.5 * (X[i] + X[j])  # (E, d) midpoints z_ij
         # both endpoints' gradients at z_ij, each on a fresh batch of its own client's

@@ -66,7 +66,7 @@ class ClientBatches:
         """Positions into the concatenated client arrays, (m, B). ``stream`` and ``salt``
         are ints or one per row (requests of several kinds in one call)."""
         c = clients.cpu().reshape(-1, 1)
-        val = torch.as_tensor(stream).reshape(-1, 1) == rng.VAL  # (m, 1) or (1, 1)
+        val = torch.as_tensor(stream).cpu().reshape(-1, 1) == rng.VAL  # (m, 1) or (1, 1)
         size = torch.where(val, self.val_sizes[c], self.sizes[c])
         if not bool(val.any()):
             size = self.sizes[c]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,14 @@ def host_layout(n: int, per_actor: int) -> list[list[int]]:
     return [list(range(a, min(n, a + per_actor))) for a in range(0, n, per_actor)]
 
 
+def _addresses(sources: list[int], hosts: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
+    """(k, 2) rows as (position of the host in ``sources``, row in that host's array):
+    how a host finds rows among the arrays passed to it."""
+    slot = torch.full((max(sources, default=0) + 1,), -1, dtype=torch.int64)
+    slot[torch.tensor(sources, dtype=torch.int64)] = torch.arange(len(sources))
+    return torch.stack([slot[hosts], rows], dim=1).numpy()
+
+
 class HostStateLost(RuntimeError):
     """A restarted host was asked for models it no longer holds (engine.resident)."""
 
@@ -85,17 +94,29 @@ class ClientHostImpl:
             pass
         if self.gpu_ids and torch.cuda.is_available():
             self.device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to the assigned GPU
-        if cfg.engine.threads:
-            torch.set_num_threads(cfg.engine.threads)
+        # Ray starts workers with OMP_NUM_THREADS=1: a host computes with engine.threads,
+        # else with the CPUs it reserved (engine.cpus_per_actor, at least one)
+        torch.set_num_threads(cfg.engine.threads or max(1, int(cfg.engine.cpus_per_actor)))
         from raycobo.engine import make_local_ops
 
         data = load_data(cfg)  # rebuilt from the config: a restarted host serves the same
         self.ops = make_local_ops(cfg, data.subset(clients), self.device, torch.tensor(clients))
+        self.layout = host_layout(data.n_clients, cfg.engine.clients_per_actor)
+        self.ids = torch.tensor(clients, device=self.device)
         del data
 
-    # -- host-resident CoBo (engine.resident): the host keeps its clients' models --------
-    def res_init(self, x0) -> None:
+    # -- host-resident CoBo (engine.resident): the host keeps its clients' models and
+    # their W rows; a round is two calls, res_grads then res_update --------------------
+    def res_init(self, x0, W_rows) -> None:
         self.X = self._in(x0).expand(len(self.clients), -1).clone()
+        self.W = self._in(W_rows)
+
+    def res_load(self, block, W_rows) -> None:
+        """Models (None: keep them) and W rows from the coordinator: a restart's restore,
+        or W after clients joined or left."""
+        if block is not None:
+            self.X = self._in(block)
+        self.W = self._in(W_rows)
 
     def _models(self) -> torch.Tensor:
         if not hasattr(self, "X"):  # restarted by Ray and not restored yet
@@ -106,64 +127,90 @@ class ClientHostImpl:
         """This host's models, published once per round for the other hosts."""
         return self._models().cpu().numpy()
 
-    def _rows_of(self, blocks, owner_local) -> torch.Tensor:
-        """Rows (host, local index) gathered from the hosts' published blocks."""
-        owner_local = np.asarray(owner_local)
-        out = [torch.as_tensor(blocks[h][k]) for h, k in owner_local]
-        return torch.stack(out).to(self.device) if out else torch.empty(0)
+    def _rows_of(self, arrays, at) -> torch.Tensor:
+        """Rows gathered from published arrays: ``at`` is (k, 2) of (array, row); one
+        vectorised gather per source array."""
+        at = np.asarray(at, dtype=np.int64).reshape(-1, 2)
+        out = torch.empty(at.shape[0], self.ops.dim)
+        for a in np.unique(at[:, 0]):
+            sel = np.nonzero(at[:, 0] == a)[0]
+            out[torch.from_numpy(sel)] = torch.from_numpy(np.asarray(arrays[a])[at[sel, 1]])
+        return out.to(self.device)
 
-    def res_align(self, own_local, partners, salts, round, *blocks):
-        """First endpoints' alignment gradients g_i(z_ij), z_ij from x_i (here) and x_j
-        (another host's published block); kept in the object store for the partner."""
-        self._wait(len(own_local))
+    def res_grads(self, round, own, partners, salts, members, *blocks):
+        """Phase 1 of a resident round: this host's clients' gradients at the midpoints
+        z_ij = (x_i + x_j) / 2 of their sampled pairs (x_j read from the partner host's
+        published block) and at their own models (the model step's, kept here for
+        phase 2). One batched request. -> alignment gradients (k, d)"""
+        self._wait(len(own) + len(members))
         t0 = time.perf_counter()
-        if len(own_local) == 0:
-            self._align_s = 0.0
-            return np.zeros((0, self.ops.dim), dtype=np.float32)
-        own = self._in(own_local)
-        Z = 0.5 * (self._models()[own] + self._rows_of(blocks, partners))
-        G, _ = self.ops.grads(own, Z, round, rng.ALIGN, self._in(salts))
-        self._align_s = time.perf_counter() - t0
-        return G.cpu().numpy()
+        X = self._models()
+        own, members = self._in(own), self._in(members)
+        k, m = own.numel(), members.numel()
+        Z = torch.cat([0.5 * (X[own] + self._rows_of(blocks, partners)), X[members]])
+        streams = torch.cat([torch.full((k,), rng.ALIGN), torch.full((m,), rng.STEP)])
+        salts = torch.cat(
+            [
+                torch.as_tensor(np.asarray(salts), dtype=torch.int64).reshape(-1),
+                torch.zeros(m, dtype=torch.int64),
+            ]
+        )
+        G, L = self.ops.grads(torch.cat([own, members]), Z, round, streams, salts)
+        self._step = (members, G[k:], L[k:])
+        self._p1_s = time.perf_counter() - t0
+        return G[:k].cpu().numpy()
 
-    def res_scores(self, own_local, partners, salts, first_rows, round, *parts):
-        """Second endpoints' alignment gradients g_j(z_ij), dotted with the first
-        endpoints' g_i(z_ij) read from the object store: the scores <g_i, g_j>.
-        parts: every host's first-endpoint gradients, then every host's model block."""
-        self._wait(len(own_local))
+    def res_update(self, edges, at_i, at_j, report, present, hyper, n_grads, *parts):
+        """Phase 2: the scores <g_i(z_ij), g_j(z_ij)> of the sampled pairs that touch this
+        host (both gradients read from phase 1's published arrays), Eq. (1) on this
+        host's W rows, then Eq. (3) for its present clients against the published models
+        of the hosts they collaborate with. parts: ``n_grads`` phase-1 answers, then
+        (host, block) pairs. -> ((scores of the reported pairs, step losses, phase-1 and
+        phase-2 seconds of compute), the new block)."""
+        from raycobo.algorithms.cobo import update_weight_rows
+
+        lr, rho, gamma, domain = hyper
         t0 = time.perf_counter()
-        H = len(parts) // 2
-        scores = np.zeros(0, dtype=np.float32)
-        if len(own_local):
-            own = self._in(own_local)
-            Z = 0.5 * (self._models()[own] + self._rows_of(parts[H:], partners))
-            G, _ = self.ops.grads(own, Z, round, rng.ALIGN, self._in(salts))
-            Gi = self._rows_of(parts[:H], first_rows)
-            scores = torch.linalg.vecdot(Gi, G).cpu().numpy()
-        return scores, self._align_s + time.perf_counter() - t0
+        grads = parts[:n_grads]
+        block_hosts = parts[n_grads::2]
+        blocks = parts[n_grads + 1 :: 2]
+        edges = torch.as_tensor(np.asarray(edges), dtype=torch.int64).reshape(-1, 2)
+        scores = torch.zeros(0, device=self.device)
+        if edges.shape[0]:
+            scores = torch.linalg.vecdot(self._rows_of(grads, at_i), self._rows_of(grads, at_j))
+            self.W = update_weight_rows(self.W, self.ids, edges, scores, gamma, domain)
+        if not hasattr(self, "_step"):  # restarted by Ray between the two phases
+            raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
+        members, G, L = self._step
+        if members.numel():
+            # Eq. (3) block by block: x_i (1 - lr rho sum_k w_ik) + lr rho sum_k w_ik x_k
+            # - lr g_i, summed over the linked hosts' published models (no concatenation)
+            W_rows = self.W[members]
+            if present is not None:  # absent clients neither pull nor are pulled
+                mask = torch.as_tensor(np.asarray(present, dtype=bool))
+                W_rows = W_rows * mask.to(self.device, W_rows.dtype)
+            all_members = members.numel() == len(self.clients)
+            X_rows = self.X if all_members else self.X[members]
+            keep = 1.0 - lr * rho * W_rows.sum(dim=1, keepdim=True)
+            new = X_rows * keep
+            for h, block in zip(block_hosts, blocks, strict=True):
+                cols = torch.tensor(self.layout[h], device=self.device)
+                Xb = torch.as_tensor(block).to(self.device)
+                new.addmm_(W_rows[:, cols].to(Xb.dtype), Xb, alpha=lr * rho)
+            new.add_(G, alpha=-lr)
+            if all_members:
+                self.X = new
+            else:
+                self.X[members] = new
+        del self._step
+        report = torch.as_tensor(np.asarray(report, dtype=bool)).to(self.device)
+        out = (scores[report].cpu().numpy(), L.cpu().numpy(), self._p1_s, time.perf_counter() - t0)
+        return out, self.res_block()
 
-    def res_step(self, W_rows, lr, rho, round, *blocks):
-        """Eq. (3) for this host's clients with its W rows over everyone's models."""
-        from raycobo.algorithms.cobo import penalized_rows
-
-        self._wait(len(self.clients))
-
-        def go():
-            local = torch.arange(len(self.clients))
-            G, L = self.ops.grads(local, self._models(), round, rng.STEP, 0)
-            X_all = torch.cat([torch.as_tensor(b) for b in blocks]).to(self.device)
-            self.X = penalized_rows(self.X, X_all, G, self._in(W_rows), lr, rho)
-            return L.cpu().numpy()
-
-        # the new models go straight to the object store: next round's published block
-        # and, should this host die, the checkpoint it restarts from
-        return self._timed(go), self.res_block()
-
-    def res_restore(self, block) -> None:
-        self.X = torch.as_tensor(np.array(block, copy=True)).to(self.device)
-
-    def res_evaluate(self):
-        ev = self.ops.evaluate(torch.arange(len(self.clients)), self.X)
+    def res_evaluate(self, block):
+        """Test metrics of the given models (a published block: the host may already be
+        a round further)."""
+        ev = self.ops.evaluate(torch.arange(len(self.clients)), self._in(block))
         acc = None if ev.accuracy is None else ev.accuracy.cpu().numpy()
         return ev.loss.cpu().numpy(), acc
 
@@ -442,6 +489,17 @@ class AsyncGrads:
         return self.ops._gather_grads(self.request[0].numel(), self.dtype, self.parts, res)[0]
 
 
+@dataclass
+class _Pending:
+    """A resident round submitted to the hosts: its edges, how many clients step, and
+    the (answer, new block) references of every host's phase 2."""
+
+    t: int
+    edges: torch.Tensor
+    members: int
+    steps: list
+
+
 class HostsLost(RuntimeError):
     """Hosts died and ``engine.on_failure`` is ``drop``: their clients leave the run."""
 
@@ -464,6 +522,9 @@ class CoordinatorImpl:
         self.algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
         self.state = None
         self.resident = cfg.engine.resident  # CoBo with the models kept in the hosts
+        self.ahead: _Pending | None = None  # resident: the next round, already submitted
+        self.rolled_back = 0  # rounds submitted ahead and discarded (membership changed)
+        self.phase_s = [0.0, 0.0]  # resident: slowest host's phase-1 / phase-2 compute
         self.staleness = cfg.engine.staleness
         self.rounds = cfg.rounds
         self.pending: list[tuple[int, Any, AsyncGrads]] = []  # (round, edges, request)
@@ -476,9 +537,15 @@ class CoordinatorImpl:
             from raycobo.algorithms.cobo import initial_weights
 
             x0 = self.ops.initial_params().numpy()
-            self.ops._get([h.res_init.remote(x0) for h in self.ops.hosts])
-            self.blocks = [h.res_block.remote() for h in self.ops.hosts]  # x^0 published
             self.W = initial_weights(self.ops.n_clients, self.algo.cfg.domain)
+            self.active: torch.Tensor | None = None  # present clients (None: all)
+            self.ops._get(
+                [
+                    h.res_init.remote(x0, self.W[rows].numpy())
+                    for h, rows in zip(self.ops.hosts, self.ops.layout, strict=True)
+                ]
+            )
+            self.blocks = [h.res_block.remote() for h in self.ops.hosts]  # x^0 published
         else:
             self.state = self.algo.init(self.ops)
         return {
@@ -516,16 +583,24 @@ class CoordinatorImpl:
         return stats
 
     def _resident_round_with_restarts(self, t: int) -> dict[str, float]:
-        """A host that dies during a resident round is restarted by Ray and restored from
-        the models it last published (this round's x^t, kept in the object store); every
-        host is reset to x^t, W to its value before the round, and the round redone."""
+        """A resident round, pipelined: round t+1 is submitted before round t is
+        collected (its inputs are round t's published blocks, still references), so the
+        hosts find their next calls queued and the coordinator's and driver's latency
+        overlaps their compute; a membership change in between rolls it back. A host
+        that dies is restarted by Ray; every host is reset to the committed x^t (its
+        published models, kept in the object store) and W rows, and the round redone."""
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         lost = (RayActorError, ActorDiedError, ActorUnavailableError, HostStateLost)
-        W0 = self.W.clone()
         for attempt in range(self.ops.retries + 1):
             try:
-                return self._resident_round(t)
+                ahead = self.ahead
+                pending = ahead if ahead is not None and ahead.t == t else self._submit(t)
+                self.ahead = None
+                if t + 1 < self.rounds:
+                    after_t = [block for _, block in pending.steps]
+                    self.ahead = self._submit(t + 1, after_t, pending.edges)
+                return self._collect(pending)
             except Exception as err:  # noqa: BLE001 - a lost host, or a task that needed it
                 if not isinstance(err, lost) and not isinstance(getattr(err, "cause", None), lost):
                     raise
@@ -537,9 +612,18 @@ class CoordinatorImpl:
                         "error": type(err).__name__,
                     }
                 )
-                self.W = W0.clone()
+                self.ahead = None
                 self._restore_hosts(lost)
         raise RuntimeError(f"resident round {t} failed {self.ops.retries + 1} times")
+
+    def _roll_back(self) -> None:
+        """Discard the round submitted ahead: hosts return to the committed models and W."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        if self.ahead is not None:
+            self.ahead = None
+            self.rolled_back += 1
+            self._restore_hosts((RayActorError, ActorDiedError, ActorUnavailableError))
 
     def _restore_hosts(self, lost: tuple, wait_s: float = 60.0) -> None:
         """Reset every host to its published models, waiting while Ray restarts one."""
@@ -547,8 +631,8 @@ class CoordinatorImpl:
         while True:
             try:
                 refs = [
-                    h.res_restore.remote(b)
-                    for h, b in zip(self.ops.hosts, self.blocks, strict=True)
+                    h.res_load.remote(b, self.W[rows].numpy())
+                    for h, b, rows in zip(self.ops.hosts, self.blocks, self.ops.layout, strict=True)
                 ]
                 self.ops._get(refs)
                 return
@@ -557,77 +641,125 @@ class CoordinatorImpl:
                     raise
                 time.sleep(0.5)
 
-    def _resident_round(self, t: int) -> dict[str, float]:
-        """CoBo with host-resident models. Every host's models of this round are in the
-        object store (published by its last step). The hosts of the first endpoints
-        compute g_i(z_ij) from x_i and the partner's published x_j; the hosts of the
-        second endpoints compute g_j(z_ij) and the scores <g_i, g_j>, reading g_i host to
-        host through the object store; the coordinator updates W from the E scores and
-        sends each host its W rows; each host takes Eq. (3) for its clients against the
-        published models. Only W rows, indices and scores pass through the coordinator."""
-        from raycobo.algorithms.cobo import update_weights
-
+    def _submit(
+        self, t: int, blocks: list | None = None, pending_edges: torch.Tensor | None = None
+    ) -> _Pending:
+        """CoBo with host-resident models and W rows; every host's x^t is in the object
+        store (published by its last step). Two calls per host, submitted at once, with
+        no wait in between: phase 1 (``res_grads``) computes each host's clients'
+        gradients at the midpoints of their sampled pairs and at their own models;
+        phase 2 (``res_update``) reads both endpoints' gradients host to host, takes Eq.
+        (1) on the host's W rows and Eq. (3) against the published models of the hosts
+        its clients collaborate with (w_ik > 0), and publishes x^{t+1}. Only indices,
+        scores and losses pass through the coordinator, which keeps a copy of W (for
+        restarts, membership changes and the run's outputs) from the returned scores.
+        This submits round t from ``blocks`` (default: the committed x^t); with
+        ``pending_edges`` (round t-1's, not collected yet) W may still change on those
+        pairs, so their hosts count as linked. ``_collect`` waits for the round."""
         algo, ops, c = self.algo, self.ops, self.algo.cfg
-        hosts, n = ops.hosts, ops.n_clients
+        hosts, n, H = ops.hosts, ops.n_clients, len(ops.hosts)
         owner, local = ops.owner, ops.local
-        edges = algo.sampler(n).sample(t)
+        t0 = time.perf_counter()
+        edges, members = algo.sample_edges(self.active, t, n)
         E = edges.shape[0]
         i, j = edges[:, 0], edges[:, 1]
-        t0 = time.perf_counter()
-        blocks = self.blocks  # everyone's x^t, published by the last step (or setup)
-
-        def pairs(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
-            return torch.stack([a, b], dim=1).numpy().reshape(-1, 2)
-
-        first_pos = torch.zeros(E, dtype=torch.int64)
-        firsts = []
+        # the 2E endpoint occurrences, grouped by host: (client, partner); pos = the row of
+        # the occurrence's gradient in its host's phase-1 answer
+        client, partner = torch.cat([i, j]), torch.cat([j, i])
+        occ_host = owner[client]
+        order = torch.argsort(occ_host, stable=True)
+        counts = torch.bincount(occ_host, minlength=H)
+        starts = torch.cumsum(counts, 0) - counts
+        pos = torch.empty(2 * E, dtype=torch.int64)
+        pos[order] = torch.arange(2 * E) - starts[occ_host[order]]
+        hi, hj = owner[i], owner[j]
+        present = None if self.active is None else self.active.numpy()
+        blocks = self.blocks if blocks is None else blocks
+        W_host = self._host_links(edges, pending_edges)  # (H, H): h reads k's models
+        mem_host = owner[members]
+        grads, steps = [], []
         for h, host in enumerate(hosts):
-            sel = torch.nonzero(owner[i] == h).flatten()
-            first_pos[sel] = torch.arange(sel.numel())
-            firsts.append(
-                host.res_align.remote(
-                    local[i[sel]].numpy(),
-                    pairs(owner[j[sel]], local[j[sel]]),
-                    j[sel].numpy(),
+            sel = order[starts[h] : starts[h] + counts[h]]
+            cl, pa = client[sel], partner[sel]
+            need = sorted(set(owner[pa].tolist()) | {h})  # blocks of the partners
+            at = _addresses(need, owner[pa], local[pa])
+            grads.append(
+                host.res_grads.remote(
                     t,
-                    *blocks,
+                    local[cl].numpy(),
+                    at,
+                    pa.numpy(),
+                    local[members[mem_host == h]].numpy(),
+                    *(blocks[k] for k in need),
                 )
             )
-        seconds = {}
         for h, host in enumerate(hosts):
-            sel = torch.nonzero(owner[j] == h).flatten()
-            seconds[h] = (
-                sel,
-                host.res_scores.remote(
-                    local[j[sel]].numpy(),
-                    pairs(owner[i[sel]], local[i[sel]]),
-                    i[sel].numpy(),
-                    pairs(owner[i[sel]], first_pos[sel]),
-                    t,
-                    *firsts,
-                    *blocks,
-                ),
+            e = torch.nonzero((hi == h) | (hj == h)).flatten()
+            src = sorted(set(hi[e].tolist()) | set(hj[e].tolist()))  # phase-1 answers read
+            at_i = _addresses(src, hi[e], pos[e])
+            at_j = _addresses(src, hj[e], pos[E + e])
+            linked = torch.nonzero(W_host[h]).flatten().tolist()
+            linked_blocks = [x for k in linked for x in (k, blocks[k])]
+            steps.append(
+                host.res_update.options(num_returns=2).remote(
+                    edges[e].numpy(),
+                    at_i,
+                    at_j,
+                    (hi[e] == h).numpy(),
+                    present,
+                    (c.lr, c.rho, c.gamma, c.domain),
+                    len(src),
+                    *(grads[k] for k in src),
+                    *linked_blocks,
+                )
             )
         ops.coordination_s += time.perf_counter() - t0
+        return _Pending(t, edges, members.numel(), steps)
+
+    def _collect(self, p: _Pending) -> dict[str, float]:
+        """Wait for a submitted round; commit its models (the published blocks, also the
+        checkpoint a restarted host resumes from) and W (from the returned scores)."""
+        from raycobo.algorithms.cobo import update_weights
+
+        ops, c, E = self.ops, self.algo.cfg, p.edges.shape[0]
+        results = ops._get([r for r, _ in p.steps])
+        self.blocks = [block for _, block in p.steps]  # x^{t+1}
+        hi = ops.owner[p.edges[:, 0]]
         scores = torch.zeros(E)
-        align_s = 0.0
-        for sel, ref in seconds.values():
-            sc, sec = ops._get(ref)
-            scores[sel] = torch.from_numpy(np.asarray(sc, dtype=np.float32))
-            align_s = max(align_s, sec)
+        for h, (sc, *_rest) in enumerate(results):
+            scores[hi == h] = torch.tensor(np.asarray(sc, dtype=np.float32))
         if E:
-            self.W = update_weights(self.W, edges, scores, c.gamma, c.domain)  # Eq. (1)
-        steps = [
-            host.res_step.options(num_returns=2).remote(
-                self.W[ops.layout[h]].numpy(), c.lr, c.rho, t, *blocks
-            )
-            for h, host in enumerate(hosts)
-        ]
-        results = ops._get([info for info, _ in steps])
-        self.blocks = [block for _, block in steps]  # x^{t+1}, the next round's checkpoint
-        loss = torch.cat([torch.from_numpy(np.asarray(r[0])) for r in results])
-        ops.critical_compute_s += align_s + max(r[1] for r in results)
-        return algo.stats(loss, E, n)
+            self.W = update_weights(self.W, p.edges, scores, c.gamma, c.domain)  # Eq. (1)
+        loss = torch.cat([torch.tensor(np.asarray(r[1])) for r in results])
+        p1, p2 = max(r[2] for r in results), max(r[3] for r in results)
+        ops.critical_compute_s += p1 + p2
+        self.phase_s[0] += p1
+        self.phase_s[1] += p2
+        return self.algo.stats(loss, E, p.members)
+
+    def _host_links(self, *edge_sets: torch.Tensor | None) -> torch.Tensor:
+        """(H, H) bool: the step of host h's present clients reads host k's models --
+        some w_ik > 0 between present clients. From the committed W: until the step, an
+        entry can only turn positive on a pair sampled since (``edge_sets``), so those
+        hosts are linked as well."""
+        ops, H = self.ops, len(self.ops.hosts)
+        W = self.W if self.active is None else self.W * self.active[None, :].to(self.W.dtype)
+        if self.active is not None:
+            W = W * self.active[:, None].to(W.dtype)
+        onehot = torch.zeros(ops.n_clients, H)
+        onehot[torch.arange(ops.n_clients), ops.owner] = 1.0
+        links = (onehot.T @ (W > 0).to(torch.float32) @ onehot) > 0
+        for edges in edge_sets:
+            if edges is None:
+                continue
+            hi, hj = ops.owner[edges[:, 0]], ops.owner[edges[:, 1]]
+            links[hi, hj] = True
+            links[hj, hi] = True
+            if self.algo.cfg.domain == "simplex":  # a projected row can turn any entry >0
+                links[hi] = True
+                links[hj] = True
+        links[torch.arange(H), torch.arange(H)] = True
+        return links
 
     def _stale_round(self, t: int) -> dict[str, float]:
         """CoBo with bounded staleness: the alignment gradients of round t are requested
@@ -662,7 +794,10 @@ class CoordinatorImpl:
         from raycobo.algorithms import evaluate
 
         if self.resident:
-            res = self.ops._get([h.res_evaluate.remote() for h in self.ops.hosts])
+            hosts, blocks = self.ops.hosts, self.blocks  # the committed models
+            res = self.ops._get(
+                [h.res_evaluate.remote(b) for h, b in zip(hosts, blocks, strict=True)]
+            )
             loss = torch.cat([torch.from_numpy(np.asarray(r[0])) for r in res])
             has_acc = all(r[1] is not None for r in res)
             acc = torch.cat([torch.from_numpy(np.asarray(r[1])) for r in res]) if has_acc else None
@@ -671,9 +806,15 @@ class CoordinatorImpl:
         ev = evaluate(self.algo, self.state, self.ops)
         return ev.loss, ev.accuracy
 
+    def _resident_state(self):
+        """The coordinator's W and membership as a CoBoState (models stay in the hosts)."""
+        from raycobo.algorithms.cobo import CoBoState
+
+        return CoBoState(torch.empty(self.ops.n_clients, 0), self.W, self.active)
+
     def collaboration(self) -> torch.Tensor | None:
         if self.resident:
-            return self.W.clone()
+            return self.algo.collaboration(self._resident_state()).clone()
         W = self.algo.collaboration(self.state)
         return None if W is None else W.detach().cpu()
 
@@ -693,12 +834,25 @@ class CoordinatorImpl:
         fn = getattr(self.algo, kind, None)
         if fn is None:
             raise ValueError(f"algorithm '{self.algo.name}' has no clients joining or leaving")
+        if self.resident:  # W rows and columns change: every host gets its new rows
+            self._roll_back()
+            state = fn(self._resident_state(), clients)
+            self.W, self.active = state.W, state.active
+            self.ops._get(
+                [
+                    h.res_load.remote(None, self.W[rows].numpy())
+                    for h, rows in zip(self.ops.hosts, self.ops.layout, strict=True)
+                ]
+            )
+            return
         self.state = fn(self.state, clients)
 
     def report(self) -> dict[str, Any]:
         return {
             "events": list(self.ops.events),
             "staleness": self.staleness,
+            "rounds_rolled_back": self.rolled_back,
+            "resident_phase_seconds": self.phase_s if self.resident else None,
             "alignment_lag_max": max(self.lags) if self.lags else None,
             "alignment_lag_mean": float(np.mean(self.lags)) if self.lags else None,
             "round_seconds_in_coordinator": self.compute_s,
@@ -720,12 +874,18 @@ class RayRun:
         import ray
 
         e = cfg.engine
-        if e.resident and (cfg.algorithm.name != "cobo" or cfg.schedule or e.staleness):
+        if e.resident and (
+            cfg.algorithm.name != "cobo"
+            or e.staleness
+            or e.on_failure == "drop"
+            or cfg.algorithm.weights == "sparse"
+        ):
             from raycobo.config import ConfigError
 
             raise ConfigError(
-                "invalid config key 'engine.resident': host-resident models run cobo only, "
-                "without a schedule or staleness"
+                "invalid config key 'engine.resident': host-resident models run cobo with "
+                "a dense W (algorithm.weights), engine.staleness=0 and "
+                "engine.on_failure=restart"
             )
         start_ray(cfg)
         self.cfg = cfg

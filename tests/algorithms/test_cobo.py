@@ -256,3 +256,26 @@ def test_schedules_name_their_key(quad_cfg, tmp_path):
         run_experiment(
             quad_cfg("algorithm.name=fedavg", "schedule=[{round: 1, leave: [1]}]"), tmp_path / "b"
         )
+
+
+@pytest.mark.parametrize("domain", ["box", "simplex"])
+def test_weight_rows_update_like_the_whole_matrix(domain):
+    """A host updates only its clients' W rows (engine.resident); each row must get
+    exactly what updating the whole W gives it, edges across hosts included."""
+    from raycobo.algorithms.cobo import initial_weights, update_weight_rows, update_weights
+
+    n = 9
+    g = torch.Generator().manual_seed(3)
+    W = initial_weights(n, domain)
+    for t in range(5):  # a few rounds so the rows differ from W^0
+        pairs = torch.combinations(torch.arange(n), 2)
+        edges = pairs[torch.randperm(pairs.shape[0], generator=g)[:7]]
+        scores = torch.randn(7, generator=g)
+        full = update_weights(W, edges, scores, 0.3, domain)
+        for rows in (torch.tensor([0, 1, 2]), torch.tensor([5, 8]), torch.arange(n)):
+            part = update_weight_rows(W[rows], rows, edges, scores, 0.3, domain)
+            assert torch.equal(part, full[rows]), (t, rows)
+        W = full
+    if domain == "simplex":
+        assert torch.allclose(W.sum(dim=1), torch.ones(n))
+        assert torch.all(W.diagonal() == 0)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The Ray engine's fractional-GPU path on a machine with a GPU, in one go:
+#   1. the GPU tests (pytest -m gpu): local engine on CUDA and Ray hosts on GPU
+#      fractions give the CPU's numbers; fractions share one GPU and Ray accounts them;
+#   2. `raycobo bench ray` with the hosts on 1/80 of a GPU each and the local engine on
+#      CUDA, n = 8, 40, 80 and 1, 8, 40 clients per host (host-resident models or not).
+# Usage: OUT=results/ [FMNIST=folder-of-idx-files FRACTION=0.05] benchmarks/gpu_check.sh
+# nvidia-smi's list of processes on the GPU is sampled every 2 s into $OUT/gpu_apps.csv.
+set -u
+OUT=${OUT:-gpu_check}
+PY=${PY:-python3}
+FRACTION=${FRACTION:-0.05}
+GPC=${GPC:-0.0125}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+data=()
+[ -n "${FMNIST:-}" ] && data=(--data-root "$FMNIST" --fraction "$FRACTION")
+bench=("$PY" -m raycobo bench ray --device cuda --gpus-per-client "$GPC" "${data[@]}")
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+"$PY" -c "import torch, ray; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'ray', ray.__version__, 'cpus', __import__('os').cpu_count())" | tee -a "$OUT/gpu.txt"
+(while sleep 2; do
+   nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | \
+     sed "s/^/$(date +%s),/" >> "$OUT/gpu_apps.csv"
+ done) &
+sampler=$!
+
+set -o pipefail
+# ray.get times out after 30 s in these tests; --timeout stops anything else that hangs
+timeout 150 "$PY" -m pytest -m gpu tests/engine/test_gpu.py -q -p no:cacheprovider \
+  --timeout 90 -rfE --tb=short 2>&1 | tee "$OUT/pytest_gpu.log"
+echo "pytest exit: $?" | tee -a "$OUT/pytest_gpu.log"
+mkdir -p "$OUT/b1" "$OUT/b2" "$OUT/b3"
+timeout 150 "${bench[@]}" --clients 8,40,80 --per-actor 8,40 --resident both --out "$OUT/b1" \
+  2>&1 | tee "$OUT/bench.log"
+timeout 70 "${bench[@]}" --clients 8,40 --per-actor 1 --resident no --rounds 5 --out "$OUT/b2" \
+  2>&1 | tee -a "$OUT/bench.log"
+timeout 90 "${bench[@]}" --clients 80 --per-actor 1 --resident no --rounds 5 --out "$OUT/b3" \
+  2>&1 | tee -a "$OUT/bench.log"
+kill $sampler 2>/dev/null
+exit 0

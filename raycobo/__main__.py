@@ -1,0 +1,5 @@
+"""``python -m raycobo`` = the ``raycobo`` command (for environments without the entry point)."""
+
+from raycobo.cli import main
+
+main()

@@ -1,0 +1,145 @@
+"""Real-GPU checks, skipped where CUDA is missing (run them on a GPU machine with
+``pytest -m gpu``): the local engine on CUDA and Ray hosts on GPU fractions give the
+CPU's numbers, and fractional hosts share one GPU."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from raycobo.config import with_overrides
+from tests.helpers import run_local, run_ray
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+TIMEOUT = 30  # a host that cannot be placed fails the test instead of hanging it
+TOL = {"atol": 1e-4, "rtol": 1e-3}  # float32 reductions run in another order on the GPU
+
+
+@pytest.fixture(scope="module")
+def ray_on_the_gpus():
+    """A local Ray that detects this machine's real GPUs."""
+    ray = pytest.importorskip("ray")
+    from raycobo.config import load_config
+    from raycobo.engine.ray_engine import start_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    start_ray(load_config(None, ["engine.kind=ray", "tracking.enabled=false"]))
+    assert ray.cluster_resources().get("GPU", 0) >= 1
+    yield ray
+    ray.shutdown()
+
+
+def _all_algorithms() -> list[str]:
+    from raycobo.algorithms import ALGORITHMS
+
+    return sorted(ALGORITHMS)
+
+
+# settings that make each algorithm do its characteristic work within 4 rounds
+EXTRA = {
+    "fedsep": ["algorithm.sketch_dim=200", "algorithm.decode_steps=20"],
+    "countsketch": ["algorithm.sketch_cols=200"],
+    "fedsep_hetero": ["model.hidden=[16,8]"],
+    "validation_based": ["algorithm.trust_every=2"],
+    "fedavg_ft": ["algorithm.ft_steps=2"],
+}
+
+
+@pytest.mark.parametrize("name", _all_algorithms())
+def test_local_engine_on_cuda_matches_the_cpu(digits_cfg, name):
+    cfg = digits_cfg(
+        f"algorithm.name={name}",
+        "algorithm.sampling=full",
+        "algorithm.prune_round=1",
+        *EXTRA.get(name, []),
+    )
+    X_c, W_c, L_c = run_local(cfg, 4)
+    X_g, W_g, L_g = run_local(with_overrides(cfg, {"engine.device": "cuda"}), 4)
+    assert X_g.is_cuda
+    assert_close(X_g.cpu(), X_c, **TOL)
+    assert_close(L_g.cpu(), L_c, **TOL)
+    if W_c is not None:
+        assert_close(W_g.cpu(), W_c, **TOL)
+
+
+@pytest.fixture
+def free_gpus(ray_on_the_gpus):
+    """Wait until the actors of earlier tests have given their GPU shares back."""
+    ray = ray_on_the_gpus
+    total = ray.cluster_resources()["GPU"]
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("GPU", 0.0) < total - 1e-6:
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"GPU shares still held by earlier actors: "
+                f"{ray.available_resources().get('GPU', 0.0)} of {total} free"
+            )
+        time.sleep(0.2)
+    return ray
+
+
+@pytest.mark.parametrize(
+    ("name", "per_actor", "gpus_per_client", "resident"),
+    [
+        ("cobo", 1, 0.25, False),  # four hosts, a quarter of the GPU each
+        ("cobo", 2, 0.25, True),  # two hosts, half each, models and W rows on the GPU
+        ("ditto", 2, 0.25, False),  # two hosts of two clients, half the GPU each
+        ("l2c", 1, 0.25, False),  # the validation stream on the hosts
+    ],
+)
+def test_ray_hosts_on_gpu_fractions_match_the_cpu(
+    free_gpus, digits_cfg, name, per_actor, gpus_per_client, resident
+):
+    cfg = digits_cfg(
+        f"algorithm.name={name}",
+        "algorithm.sampling=full",
+        "algorithm.prune_round=1",
+        "engine.kind=ray",
+        f"engine.clients_per_actor={per_actor}",
+        "engine.cpus_per_actor=0.5",
+        f"engine.gpus_per_client={gpus_per_client}",
+        f"engine.resident={str(resident).lower()}",
+        f"engine.timeout_s={TIMEOUT}",
+    )
+    X_c, W_c, L_c = run_local(cfg, 4)
+    (X_r, W_r, L_r), report = run_ray(cfg, 4)
+    hosts = 4 // per_actor
+    assert report["host_devices"] == ["cuda"] * hosts
+    assert all(len(ids) == 1 for ids in report["host_gpu_ids"])  # one GPU, shared
+    assert len({ids[0] for ids in report["host_gpu_ids"]}) == 1
+    assert_close(X_r, X_c, **TOL)
+    assert_close(L_r, L_c, **TOL)
+    if W_c is not None:
+        assert_close(W_r, W_c, **TOL)
+
+
+def test_gpu_fractions_are_accounted_by_ray(free_gpus, digits_cfg):
+    """Four hosts at a quarter each hold the whole GPU while they live: none is free."""
+    from raycobo.data import load_data
+    from raycobo.engine.ray_engine import RayRun
+
+    ray = free_gpus
+    total = ray.cluster_resources()["GPU"]
+    cfg = digits_cfg(
+        "engine.kind=ray",
+        "engine.clients_per_actor=1",
+        "engine.cpus_per_actor=0.5",
+        f"engine.gpus_per_client={total / 4}",
+        f"engine.timeout_s={TIMEOUT}",
+    )
+    run = RayRun(cfg, load_data(cfg).n_clients)
+    try:
+        deadline = time.monotonic() + 10  # the resource view lags actor placement
+        while ray.available_resources().get("GPU", 0.0) > 1e-6 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray.available_resources().get("GPU", 0.0) == pytest.approx(0.0, abs=1e-6)
+    finally:
+        run.close()
