@@ -18,6 +18,7 @@ the same config gives the same numbers as the local engine.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -508,6 +509,21 @@ class HostsLost(RuntimeError):
         self.clients = clients
 
 
+def _between_rounds(method):
+    """A coordinator call made between rounds: its time is left out of the round span."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            if self.span:  # once the rounds have started
+                self.between_s += time.perf_counter() - t0
+
+    return timed
+
+
 class CoordinatorImpl:
     """The body of the Coordinator actor: algorithm state, W and the sampler live here."""
 
@@ -525,12 +541,17 @@ class CoordinatorImpl:
         self.ahead: _Pending | None = None  # resident: the next round, already submitted
         self.rolled_back = 0  # rounds submitted ahead and discarded (membership changed)
         self.phase_s = [0.0, 0.0]  # resident: slowest host's phase-1 / phase-2 compute
+        self.blocks_read = [0, 0]  # resident steps: host model blocks read, of H * H
         self.staleness = cfg.engine.staleness
         self.rounds = cfg.rounds
         self.pending: list[tuple[int, Any, AsyncGrads]] = []  # (round, edges, request)
         self.lags: list[int] = []  # rounds each alignment result arrived late
         self.compute_s = 0.0  # wall time of rounds inside the coordinator
         self.round_host_compute_s = 0.0  # of which the slowest host computed
+        # from the first round's start to the last round's end, less the calls between
+        # rounds (evaluations, outputs, membership): pipelined rounds overlap the gaps
+        self.span: list[float] = []
+        self.between_s = 0.0
 
     def setup(self) -> dict[str, Any]:
         if self.resident:
@@ -557,6 +578,8 @@ class CoordinatorImpl:
 
     def round(self, t: int) -> dict[str, float]:
         t0, c0 = time.perf_counter(), self.ops.critical_compute_s
+        if not self.span:
+            self.span = [t0, t0]
         asynchronous = self.staleness > 0 and hasattr(self.algo, "plan")
         while True:
             try:
@@ -578,7 +601,8 @@ class CoordinatorImpl:
                 self.ops.events.append(
                     {"event": "clients_dropped", "round": t, "clients": lost.clients}
                 )
-        self.compute_s += time.perf_counter() - t0
+        self.span[1] = time.perf_counter()
+        self.compute_s += self.span[1] - t0
         self.round_host_compute_s += self.ops.critical_compute_s - c0
         return stats
 
@@ -676,6 +700,8 @@ class CoordinatorImpl:
         present = None if self.active is None else self.active.numpy()
         blocks = self.blocks if blocks is None else blocks
         W_host = self._host_links(edges, pending_edges)  # (H, H): h reads k's models
+        self.blocks_read[0] += int(W_host.sum())
+        self.blocks_read[1] += H * H
         mem_host = owner[members]
         grads, steps = [], []
         for h, host in enumerate(hosts):
@@ -790,6 +816,7 @@ class CoordinatorImpl:
         stats["alignments_pending"] = float(sum(e.shape[0] for _, e, _ in keep))
         return stats
 
+    @_between_rounds
     def evaluate(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         from raycobo.algorithms import evaluate
 
@@ -812,24 +839,28 @@ class CoordinatorImpl:
 
         return CoBoState(torch.empty(self.ops.n_clients, 0), self.W, self.active)
 
+    @_between_rounds
     def collaboration(self) -> torch.Tensor | None:
         if self.resident:
             return self.algo.collaboration(self._resident_state()).clone()
         W = self.algo.collaboration(self.state)
         return None if W is None else W.detach().cpu()
 
+    @_between_rounds
     def eval_params(self) -> torch.Tensor:
         if self.resident:
             blocks = self.ops._get(list(self.blocks))
             return torch.cat([torch.from_numpy(np.array(b)) for b in blocks])
         return self.algo.eval_params(self.state).detach().cpu()
 
+    @_between_rounds
     def artifacts(self) -> dict[str, Any]:
         if self.resident:
             return {}
         export = getattr(self.algo, "artifacts", None)
         return export(self.state) if export is not None else {}
 
+    @_between_rounds
     def membership(self, kind: str, clients: list[int]) -> None:
         fn = getattr(self.algo, kind, None)
         if fn is None:
@@ -848,21 +879,25 @@ class CoordinatorImpl:
         self.state = fn(self.state, clients)
 
     def report(self) -> dict[str, Any]:
+        span = self.span[1] - self.span[0] - self.between_s if self.span else 0.0
         return {
             "events": list(self.ops.events),
             "staleness": self.staleness,
             "rounds_rolled_back": self.rolled_back,
             "resident_phase_seconds": self.phase_s if self.resident else None,
+            # resident: the share of the hosts' published models that steps read (w_ik > 0)
+            "step_blocks_read": (
+                self.blocks_read[0] / self.blocks_read[1] if self.blocks_read[1] else None
+            ),
             "alignment_lag_max": max(self.lags) if self.lags else None,
             "alignment_lag_mean": float(np.mean(self.lags)) if self.lags else None,
             "round_seconds_in_coordinator": self.compute_s,
+            "round_span_seconds": span,
             "host_call_seconds": self.ops.coordination_s,
             "host_wait_seconds": self.ops.wait_s,
             "round_host_compute_seconds": self.round_host_compute_s,
-            # the share of round time not spent computing on the (slowest) hosts
-            "coordination_share": (
-                1.0 - self.round_host_compute_s / self.compute_s if self.compute_s > 0 else None
-            ),
+            # the share of the rounds' wall time not spent computing on the (slowest) hosts
+            "coordination_share": 1.0 - self.round_host_compute_s / span if span > 0 else None,
         }
 
 

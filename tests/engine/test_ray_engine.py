@@ -307,6 +307,36 @@ def test_host_resident_cobo_matches_the_local_engine(
     assert report["round_host_compute_seconds"] > 0
 
 
+def test_resident_steps_read_only_the_models_they_weigh(ray_2_cpus_2_fake_gpus, quad_cfg):
+    """Four clusters on four hosts. Every pair is sampled for 10 rounds (W drops the
+    pairs across clusters to 0, box domain), then few (p_t = 1 / (t + 1)): from then on
+    a host's step reads another host's models only in rounds that sample a pair with it.
+    The numbers still equal the local engine's."""
+    cfg = quad_cfg(
+        "data.partition.clients_per_cluster=[2,2,2,2]",
+        "data.center_scale=3",
+        "rounds=40",
+        "algorithm.sampling=mixed",
+        "algorithm.sampling_c=8",  # p = 1 for the first quarter of the rounds
+        "algorithm.mixed_switch=0.25",
+        "algorithm.time_c=1",
+        "engine.kind=ray",
+        "engine.clients_per_actor=2",
+        "engine.cpus_per_actor=0.25",
+        "engine.resident=true",
+        f"engine.timeout_s={TIMEOUT}",
+    )
+    X_l, W_l, L_l = run_local(cfg, 40)
+    (X_r, W_r, L_r), report = run_ray(cfg, 40)
+    assert_close(X_r, X_l, atol=1e-5, rtol=1e-4)
+    assert_close(W_r, W_l, atol=1e-5, rtol=1e-4)
+    cluster = torch.arange(8) // 2  # = host
+    assert float(W_l[cluster[:, None] != cluster[None, :]].max()) == 0.0
+    assert float(W_l[cluster[:, None] == cluster[None, :]].min()) > 0.5
+    # all 16 (host, host) reads in the first 10 rounds; later 4 + those of sampled pairs
+    assert report["step_blocks_read"] < 0.7
+
+
 def test_host_resident_needs_cobo(quad_cfg_module):
     from raycobo.config import ConfigError
 
