@@ -63,3 +63,20 @@ def run_ray(cfg, rounds: int, between=None):
         return out, run.summary_extras()
     finally:
         run.close()
+
+
+def ray_matches_local(cfg, rounds: int, atol: float = 1e-5, rtol: float = 1e-4, between=None):
+    """Run ``cfg`` on the local engine (on the CPU) and on Ray for ``rounds`` rounds and
+    assert the same models, W and evaluation losses. -> (local (X, W, loss), Ray report)"""
+    from torch.testing import assert_close
+
+    from raycobo.config import with_overrides
+
+    local = run_local(with_overrides(cfg, {"engine.device": "cpu"}), rounds)
+    remote, report = run_ray(cfg, rounds, between)
+    for name, r, ref in zip(("models", "W", "losses"), remote, local, strict=True):
+        if ref is None:
+            assert r is None, name
+            continue
+        assert_close(r.cpu(), ref, atol=atol, rtol=rtol, msg=lambda m, n=name: f"{n}: {m}")
+    return local, report
