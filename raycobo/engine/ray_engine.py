@@ -11,6 +11,10 @@
   gradients of the sampled edges and the model-step gradients; the coordinator sends
   each host only the points of its own clients through the object store, in parallel.
   The driver receives round statistics, evaluations and W -- never a model.
+- ``engine.resident`` (CoBo): the hosts keep their clients' models and W rows; a round
+  is two calls per host (``res_grads``, ``res_update``) that read each other's
+  gradients and published models through the object store, and rounds are pipelined
+  one ahead. The coordinator sends indices and keeps a copy of W from the scores.
 
 Minibatches and noise are hashes of (seed, round, global client id, stream, salt), so
 the same config gives the same numbers as the local engine.
@@ -514,12 +518,12 @@ def _between_rounds(method):
 
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), self.ahead_wait_s
         try:
             return method(self, *args, **kwargs)
         finally:
-            if self.span:  # once the rounds have started
-                self.between_s += time.perf_counter() - t0
+            if self.span:  # once the rounds have started; waiting for a round is the round's
+                self.between_s += time.perf_counter() - t0 - (self.ahead_wait_s - waited)
 
     return timed
 
@@ -552,6 +556,7 @@ class CoordinatorImpl:
         # rounds (evaluations, outputs, membership): pipelined rounds overlap the gaps
         self.span: list[float] = []
         self.between_s = 0.0
+        self.ahead_wait_s = 0.0  # calls between rounds waiting for the round submitted ahead
 
     def setup(self) -> dict[str, Any]:
         if self.resident:
@@ -821,6 +826,12 @@ class CoordinatorImpl:
         from raycobo.algorithms import evaluate
 
         if self.resident:
+            if self.ahead is not None:  # the hosts finish the round ahead first: its time
+                t0 = time.perf_counter()
+                self.ops.ray.wait(
+                    [r for r, _ in self.ahead.steps], num_returns=len(self.ahead.steps)
+                )
+                self.ahead_wait_s += time.perf_counter() - t0
             hosts, blocks = self.ops.hosts, self.blocks  # the committed models
             res = self.ops._get(
                 [h.res_evaluate.remote(b) for h, b in zip(hosts, blocks, strict=True)]
