@@ -496,13 +496,14 @@ class AsyncGrads:
 
 @dataclass
 class _Pending:
-    """A resident round submitted to the hosts: its edges, how many clients step, and
-    the (answer, new block) references of every host's phase 2."""
+    """A resident round submitted to the hosts: its edges, how many clients step, the
+    (answer, new block) references of every live host's phase 2, and all blocks after."""
 
     t: int
     edges: torch.Tensor
     members: int
-    steps: list
+    steps: dict  # live host -> (answer, new block)
+    blocks_after: list  # every host's block after the round
 
 
 class HostsLost(RuntimeError):
@@ -627,8 +628,7 @@ class CoordinatorImpl:
                 pending = ahead if ahead is not None and ahead.t == t else self._submit(t)
                 self.ahead = None
                 if t + 1 < self.rounds:
-                    after_t = [block for _, block in pending.steps]
-                    self.ahead = self._submit(t + 1, after_t, pending.edges)
+                    self.ahead = self._submit(t + 1, pending.blocks_after, pending.edges)
                 return self._collect(pending)
             except Exception as err:  # noqa: BLE001 - a lost host, or a task that needed it
                 if not isinstance(err, lost) and not isinstance(getattr(err, "cause", None), lost):
@@ -642,8 +642,38 @@ class CoordinatorImpl:
                     }
                 )
                 self.ahead = None
+                if self.ops.on_failure == "drop":
+                    self._drop_dead_hosts(t)
                 self._restore_hosts(lost)
         raise RuntimeError(f"resident round {t} failed {self.ops.retries + 1} times")
+
+    def _drop_dead_hosts(self, t: int, probe_s: float = 10.0) -> None:
+        """engine.on_failure=drop with resident hosts: the hosts that no longer answer are
+        given up on and their clients leave (W rows and columns as for a schedule leave);
+        their last committed models stay in the object store for the run's outputs."""
+        from ray.exceptions import (
+            ActorDiedError,
+            ActorUnavailableError,
+            GetTimeoutError,
+            RayActorError,
+        )
+
+        ops = self.ops
+        live = [h for h in range(len(ops.hosts)) if h not in ops.dead]
+        pings = {h: ops.hosts[h].info.remote() for h in live}
+        dead = []
+        for h, ref in pings.items():
+            try:
+                ops.ray.get(ref, timeout=probe_s)
+            except (RayActorError, ActorDiedError, ActorUnavailableError, GetTimeoutError):
+                dead.append(h)
+        if not dead:
+            return  # a passing failure: the round is retried with every host
+        ops.dead |= set(dead)
+        clients = sorted(c for h in dead for c in ops.layout[h])
+        state = self.algo.leave(self._resident_state(), clients)
+        self.W, self.active = state.W, state.active
+        ops.events.append({"event": "clients_dropped", "round": t, "clients": clients})
 
     def _roll_back(self) -> None:
         """Discard the round submitted ahead: hosts return to the committed models and W."""
@@ -659,9 +689,11 @@ class CoordinatorImpl:
         deadline = time.monotonic() + wait_s
         while True:
             try:
+                ops = self.ops
                 refs = [
-                    h.res_load.remote(b, self.W[rows].numpy())
-                    for h, b, rows in zip(self.ops.hosts, self.blocks, self.ops.layout, strict=True)
+                    ops.hosts[h].res_load.remote(self.blocks[h], self.W[ops.layout[h]].numpy())
+                    for h in range(len(ops.hosts))
+                    if h not in ops.dead
                 ]
                 self.ops._get(refs)
                 return
@@ -708,31 +740,33 @@ class CoordinatorImpl:
         self.blocks_read[0] += int(W_host.sum())
         self.blocks_read[1] += H * H
         mem_host = owner[members]
-        grads, steps = [], []
-        for h, host in enumerate(hosts):
+        live = [h for h in range(H) if h not in ops.dead]  # dropped hosts hold no present client
+        grads: dict[int, Any] = {}
+        steps: dict[int, tuple] = {}
+        for h in live:
             sel = order[starts[h] : starts[h] + counts[h]]
             cl, pa = client[sel], partner[sel]
             need = sorted(set(owner[pa].tolist()) | {h})  # blocks of the partners
             at = _addresses(need, owner[pa], local[pa])
-            grads.append(
-                host.res_grads.remote(
-                    t,
-                    local[cl].numpy(),
-                    at,
-                    pa.numpy(),
-                    local[members[mem_host == h]].numpy(),
-                    *(blocks[k] for k in need),
-                )
+            grads[h] = hosts[h].res_grads.remote(
+                t,
+                local[cl].numpy(),
+                at,
+                pa.numpy(),
+                local[members[mem_host == h]].numpy(),
+                *(blocks[k] for k in need),
             )
-        for h, host in enumerate(hosts):
+        for h in live:
             e = torch.nonzero((hi == h) | (hj == h)).flatten()
             src = sorted(set(hi[e].tolist()) | set(hj[e].tolist()))  # phase-1 answers read
             at_i = _addresses(src, hi[e], pos[e])
             at_j = _addresses(src, hj[e], pos[E + e])
             linked = torch.nonzero(W_host[h]).flatten().tolist()
             linked_blocks = [x for k in linked for x in (k, blocks[k])]
-            steps.append(
-                host.res_update.options(num_returns=2).remote(
+            steps[h] = (
+                hosts[h]
+                .res_update.options(num_returns=2)
+                .remote(
                     edges[e].numpy(),
                     at_i,
                     at_j,
@@ -745,7 +779,10 @@ class CoordinatorImpl:
                 )
             )
         ops.coordination_s += time.perf_counter() - t0
-        return _Pending(t, edges, members.numel(), steps)
+        after = list(blocks)  # x^{t+1}: the live hosts' new blocks, the dropped hosts' last
+        for h, (_, block) in steps.items():
+            after[h] = block
+        return _Pending(t, edges, members.numel(), steps, after)
 
     def _collect(self, p: _Pending) -> dict[str, float]:
         """Wait for a submitted round; commit its models (the published blocks, also the
@@ -753,11 +790,12 @@ class CoordinatorImpl:
         from raycobo.algorithms.cobo import update_weights
 
         ops, c, E = self.ops, self.algo.cfg, p.edges.shape[0]
-        results = ops._get([r for r, _ in p.steps])
-        self.blocks = [block for _, block in p.steps]  # x^{t+1}
+        hosts = list(p.steps)
+        results = ops._get([p.steps[h][0] for h in hosts])
+        self.blocks = p.blocks_after  # x^{t+1}
         hi = ops.owner[p.edges[:, 0]]
         scores = torch.zeros(E)
-        for h, (sc, *_rest) in enumerate(results):
+        for h, (sc, *_rest) in zip(hosts, results, strict=True):
             scores[hi == h] = torch.tensor(np.asarray(sc, dtype=np.float32))
         if E:
             self.W = update_weights(self.W, p.edges, scores, c.gamma, c.domain)  # Eq. (1)
@@ -828,18 +866,16 @@ class CoordinatorImpl:
         if self.resident:
             if self.ahead is not None:  # the hosts finish the round ahead first: its time
                 t0 = time.perf_counter()
-                self.ops.ray.wait(
-                    [r for r, _ in self.ahead.steps], num_returns=len(self.ahead.steps)
-                )
+                refs = [r for r, _ in self.ahead.steps.values()]
+                self.ops.ray.wait(refs, num_returns=len(refs))
                 self.ahead_wait_s += time.perf_counter() - t0
-            hosts, blocks = self.ops.hosts, self.blocks  # the committed models
-            res = self.ops._get(
-                [h.res_evaluate.remote(b) for h, b in zip(hosts, blocks, strict=True)]
-            )
-            loss = torch.cat([torch.from_numpy(np.asarray(r[0])) for r in res])
-            has_acc = all(r[1] is not None for r in res)
-            acc = torch.cat([torch.from_numpy(np.asarray(r[1])) for r in res]) if has_acc else None
-            return loss, acc
+            ops = self.ops  # the committed models of the live hosts; dropped clients read NaN
+            live = [h for h in range(len(ops.hosts)) if h not in ops.dead]
+            res = ops._get([ops.hosts[h].res_evaluate.remote(self.blocks[h]) for h in live])
+            answers = dict(zip(live, res, strict=True))
+            parts = {h: (torch.tensor(ops.layout[h]),) for h in live}
+            ev = RayClientOps._gather_eval(ops.n_clients, parts, answers)
+            return ev.loss, ev.accuracy
 
         ev = evaluate(self.algo, self.state, self.ops)
         return ev.loss, ev.accuracy
@@ -880,10 +916,12 @@ class CoordinatorImpl:
             self._roll_back()
             state = fn(self._resident_state(), clients)
             self.W, self.active = state.W, state.active
-            self.ops._get(
+            ops = self.ops
+            ops._get(
                 [
-                    h.res_load.remote(None, self.W[rows].numpy())
-                    for h, rows in zip(self.ops.hosts, self.ops.layout, strict=True)
+                    ops.hosts[h].res_load.remote(None, self.W[ops.layout[h]].numpy())
+                    for h in range(len(ops.hosts))
+                    if h not in ops.dead
                 ]
             )
             return
@@ -921,17 +959,13 @@ class RayRun:
 
         e = cfg.engine
         if e.resident and (
-            cfg.algorithm.name != "cobo"
-            or e.staleness
-            or e.on_failure == "drop"
-            or cfg.algorithm.weights == "sparse"
+            cfg.algorithm.name != "cobo" or e.staleness or cfg.algorithm.weights == "sparse"
         ):
             from raycobo.config import ConfigError
 
             raise ConfigError(
                 "invalid config key 'engine.resident': host-resident models run cobo with "
-                "a dense W (algorithm.weights), engine.staleness=0 and "
-                "engine.on_failure=restart"
+                "a dense W (algorithm.weights) and engine.staleness=0"
             )
         start_ray(cfg)
         self.cfg = cfg
