@@ -174,6 +174,8 @@ class ClientHostImpl:
         phase-2 seconds of compute), the new block)."""
         from raycobo.algorithms.cobo import update_weight_rows
 
+        if not hasattr(self, "_step"):  # restarted by Ray between the two phases
+            raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
         lr, rho, gamma, domain = hyper
         t0 = time.perf_counter()
         grads = parts[:n_grads]
@@ -184,8 +186,6 @@ class ClientHostImpl:
         if edges.shape[0]:
             scores = torch.linalg.vecdot(self._rows_of(grads, at_i), self._rows_of(grads, at_j))
             self.W = update_weight_rows(self.W, self.ids, edges, scores, gamma, domain)
-        if not hasattr(self, "_step"):  # restarted by Ray between the two phases
-            raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
         members, G, L = self._step
         if members.numel():
             # Eq. (3) block by block: x_i (1 - lr rho sum_k w_ik) + lr rho sum_k w_ik x_k
@@ -758,7 +758,8 @@ class CoordinatorImpl:
             )
         for h in live:
             e = torch.nonzero((hi == h) | (hj == h)).flatten()
-            src = sorted(set(hi[e].tolist()) | set(hj[e].tolist()))  # phase-1 answers read
+            # phase-1 answers read (its own always: phase 2 must follow this round's phase 1)
+            src = sorted(set(hi[e].tolist()) | set(hj[e].tolist()) | {h})
             at_i = _addresses(src, hi[e], pos[e])
             at_j = _addresses(src, hj[e], pos[E + e])
             linked = torch.nonzero(W_host[h]).flatten().tolist()
