@@ -74,6 +74,13 @@ def _addresses(sources: list[int], hosts: torch.Tensor, rows: torch.Tensor) -> n
     return torch.stack([slot[hosts], rows], dim=1).numpy()
 
 
+def _actor_lost() -> tuple[type[Exception], ...]:
+    """Ray's errors for an actor that died or cannot be reached."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return (RayActorError, ActorDiedError, ActorUnavailableError)
+
+
 class HostStateLost(RuntimeError):
     """A restarted host was asked for models it no longer holds (engine.resident)."""
 
@@ -338,8 +345,6 @@ class RayClientOps:
     def _call(self, method: str, per_host: dict[int, tuple]) -> dict[int, Any]:
         """Call ``method`` on several hosts in parallel; retry hosts that died (Ray
         restarts them from their config, so they answer identically)."""
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-
         pending = dict(per_host)
         out: dict[int, Any] = {}
         for attempt in range(self.retries + 1):
@@ -351,7 +356,7 @@ class RayClientOps:
                 t1 = time.perf_counter()
                 try:
                     out[h] = self._get(ref)
-                except (RayActorError, ActorDiedError, ActorUnavailableError) as err:
+                except _actor_lost() as err:
                     failed[h] = pending[h]
                     self.events.append(
                         {
@@ -386,8 +391,12 @@ class RayClientOps:
         return parts
 
     # -- ClientOps -----------------------------------------------------------------------
+    def live_hosts(self) -> list[int]:
+        """The hosts not given up on (engine.on_failure=drop)."""
+        return [h for h in range(len(self.hosts)) if h not in self.dead]
+
     def _any_host(self) -> int:
-        return min(h for h in range(len(self.hosts)) if h not in self.dead)
+        return self.live_hosts()[0]
 
     def initial_params(self) -> torch.Tensor:
         h = self._any_host()
@@ -619,9 +628,7 @@ class CoordinatorImpl:
         overlaps their compute; a membership change in between rolls it back. A host
         that dies is restarted by Ray; every host is reset to the committed x^t (its
         published models, kept in the object store) and W rows, and the round redone."""
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-
-        lost = (RayActorError, ActorDiedError, ActorUnavailableError, HostStateLost)
+        lost = (*_actor_lost(), HostStateLost)
         for attempt in range(self.ops.retries + 1):
             try:
                 ahead = self.ahead
@@ -644,28 +651,22 @@ class CoordinatorImpl:
                 self.ahead = None
                 if self.ops.on_failure == "drop":
                     self._drop_dead_hosts(t)
-                self._restore_hosts(lost)
+                self._restore_hosts()
         raise RuntimeError(f"resident round {t} failed {self.ops.retries + 1} times")
 
     def _drop_dead_hosts(self, t: int, probe_s: float = 10.0) -> None:
         """engine.on_failure=drop with resident hosts: the hosts that no longer answer are
         given up on and their clients leave (W rows and columns as for a schedule leave);
         their last committed models stay in the object store for the run's outputs."""
-        from ray.exceptions import (
-            ActorDiedError,
-            ActorUnavailableError,
-            GetTimeoutError,
-            RayActorError,
-        )
+        from ray.exceptions import GetTimeoutError
 
         ops = self.ops
-        live = [h for h in range(len(ops.hosts)) if h not in ops.dead]
-        pings = {h: ops.hosts[h].info.remote() for h in live}
+        pings = {h: ops.hosts[h].info.remote() for h in ops.live_hosts()}
         dead = []
         for h, ref in pings.items():
             try:
                 ops.ray.get(ref, timeout=probe_s)
-            except (RayActorError, ActorDiedError, ActorUnavailableError, GetTimeoutError):
+            except (*_actor_lost(), GetTimeoutError):
                 dead.append(h)
         if not dead:
             return  # a passing failure: the round is retried with every host
@@ -677,27 +678,32 @@ class CoordinatorImpl:
 
     def _roll_back(self) -> None:
         """Discard the round submitted ahead: hosts return to the committed models and W."""
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-
         if self.ahead is not None:
             self.ahead = None
             self.rolled_back += 1
-            self._restore_hosts((RayActorError, ActorDiedError, ActorUnavailableError))
+            self._restore_hosts()
 
-    def _restore_hosts(self, lost: tuple, wait_s: float = 60.0) -> None:
-        """Reset every host to its published models, waiting while Ray restarts one."""
+    def _load_hosts(self, blocks: list | None) -> None:
+        """Every live host gets its W rows from the coordinator's W, and its models from
+        ``blocks`` (None: it keeps them)."""
+        ops = self.ops
+        ops._get(
+            [
+                ops.hosts[h].res_load.remote(
+                    None if blocks is None else blocks[h], self.W[ops.layout[h]].numpy()
+                )
+                for h in ops.live_hosts()
+            ]
+        )
+
+    def _restore_hosts(self, wait_s: float = 60.0) -> None:
+        """Reset every host to the committed models and W, waiting while Ray restarts one."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                ops = self.ops
-                refs = [
-                    ops.hosts[h].res_load.remote(self.blocks[h], self.W[ops.layout[h]].numpy())
-                    for h in range(len(ops.hosts))
-                    if h not in ops.dead
-                ]
-                self.ops._get(refs)
+                self._load_hosts(self.blocks)
                 return
-            except lost:
+            except _actor_lost():
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
@@ -740,7 +746,7 @@ class CoordinatorImpl:
         self.blocks_read[0] += int(W_host.sum())
         self.blocks_read[1] += H * H
         mem_host = owner[members]
-        live = [h for h in range(H) if h not in ops.dead]  # dropped hosts hold no present client
+        live = ops.live_hosts()  # dropped hosts hold no present client
         grads: dict[int, Any] = {}
         steps: dict[int, tuple] = {}
         for h in live:
@@ -813,9 +819,10 @@ class CoordinatorImpl:
         entry can only turn positive on a pair sampled since (``edge_sets``), so those
         hosts are linked as well."""
         ops, H = self.ops, len(self.ops.hosts)
-        W = self.W if self.active is None else self.W * self.active[None, :].to(self.W.dtype)
-        if self.active is not None:
-            W = W * self.active[:, None].to(W.dtype)
+        W = self.W
+        if self.active is not None:  # only pairs of present clients
+            present = self.active.to(W.dtype)
+            W = W * present[:, None] * present[None, :]
         onehot = torch.zeros(ops.n_clients, H)
         onehot[torch.arange(ops.n_clients), ops.owner] = 1.0
         links = (onehot.T @ (W > 0).to(torch.float32) @ onehot) > 0
@@ -871,7 +878,7 @@ class CoordinatorImpl:
                 self.ops.ray.wait(refs, num_returns=len(refs))
                 self.ahead_wait_s += time.perf_counter() - t0
             ops = self.ops  # the committed models of the live hosts; dropped clients read NaN
-            live = [h for h in range(len(ops.hosts)) if h not in ops.dead]
+            live = ops.live_hosts()
             res = ops._get([ops.hosts[h].res_evaluate.remote(self.blocks[h]) for h in live])
             answers = dict(zip(live, res, strict=True))
             parts = {h: (torch.tensor(ops.layout[h]),) for h in live}
@@ -917,14 +924,7 @@ class CoordinatorImpl:
             self._roll_back()
             state = fn(self._resident_state(), clients)
             self.W, self.active = state.W, state.active
-            ops = self.ops
-            ops._get(
-                [
-                    ops.hosts[h].res_load.remote(None, self.W[ops.layout[h]].numpy())
-                    for h in range(len(ops.hosts))
-                    if h not in ops.dead
-                ]
-            )
+            self._load_hosts(None)
             return
         self.state = fn(self.state, clients)
 
