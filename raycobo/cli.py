@@ -30,6 +30,7 @@ Out = Annotated[
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
 Debug = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
 NoTrack = Annotated[bool, typer.Option("--no-tracking", help="do not log to MLflow")]
+Threads = Annotated[int | None, typer.Option(help="torch threads")]
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -59,6 +60,14 @@ def _guarded(debug: bool, fn, *args, **kwargs):
             raise
         lines = [ln for ln in str(err).splitlines() if ln.strip()]
         _fail(f"{type(err).__name__}: {lines[-1] if lines else ''}"[:500], code=1)
+
+
+def _set_threads(threads: int | None) -> None:
+    """--threads of the bench commands: torch's intra-op threads (default: torch's own)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -290,19 +299,16 @@ def bench_engine_cmd(
     clients: Annotated[str, typer.Option(help="comma-separated client counts")] = "8,40,80,320",
     rounds: Annotated[int, typer.Option(help="timed rounds per measurement")] = 20,
     batch_size: Annotated[int, typer.Option()] = 32,
-    threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    threads: Threads = None,
     out: Out = None,
     debug: Debug = False,
 ) -> None:
     """FedAvg and CoBo rounds: vectorized engine vs a plain per-client PyTorch loop."""
 
     def go():
-        import torch
-
         from raycobo.bench import bench_engine
 
-        if threads:
-            torch.set_num_threads(threads)
+        _set_threads(threads)
         ns = _int_list(clients, "--clients")
         bench_engine(ns, rounds, batch_size, out, echo=typer.echo)
         if out is not None:
@@ -319,7 +325,7 @@ def bench_scaling_cmd(
     rounds: Annotated[int, typer.Option(help="timed rounds per n")] = 50,
     task: Annotated[str, typer.Option(help="quadratic or mlp")] = "quadratic",
     clusters: Annotated[int, typer.Option(help="ground-truth clusters")] = 10,
-    threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    threads: Threads = None,
     out: Out = None,
     no_tracking: NoTrack = False,
     debug: Debug = False,
@@ -327,14 +333,11 @@ def bench_scaling_cmd(
     """CoBo with O(1/n) sampling at growing n: round time, memory, quality (CSV + plot)."""
 
     def go():
-        import torch
-
         from raycobo.bench import bench_scaling
 
         if task not in ("quadratic", "mlp"):
             raise ConfigError(f"--task must be quadratic or mlp, got '{task}'")
-        if threads:
-            torch.set_num_threads(threads)
+        _set_threads(threads)
         ns = _int_list(clients, "--clients")
         target = out or Path("runs") / "bench-scaling"
         tracker = None
@@ -357,7 +360,7 @@ def bench_ray_cmd(
     slow: Annotated[float, typer.Option(help="extra seconds per gradient on host 1")] = 0.0,
     staleness: Annotated[str, typer.Option(help="comma-separated engine.staleness")] = "0",
     resident: Annotated[str, typer.Option(help="no, yes or both (engine.resident)")] = "both",
-    threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    threads: Threads = None,
     gpus_per_client: Annotated[
         float, typer.Option(help="engine.gpus_per_client of the Ray hosts")
     ] = 0.0,
@@ -370,12 +373,9 @@ def bench_ray_cmd(
     """CoBo on the Ray engine vs the local engine: ms per round, coordination share."""
 
     def go():
-        import torch
-
         from raycobo.bench import bench_ray
 
-        if threads:
-            torch.set_num_threads(threads)
+        _set_threads(threads)
         modes = {"no": [False], "yes": [True], "both": [False, True]}
         if resident not in modes:
             raise ConfigError(f"--resident must be no, yes or both, got '{resident}'")
