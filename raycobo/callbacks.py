@@ -20,6 +20,10 @@ class RunContext:
     parent_run_id: str | None = None
     # membership changes asked for while the run goes (applied before the next round)
     requests: list[tuple[str, list[int]]] = field(default_factory=list)
+    # (round, path) of the newest checkpoint written by this run, once there is one
+    checkpoint: tuple[int, Path] | None = None
+    # a resumed run: the MLflow run of the run before it (tracking continues it)
+    resumed_mlflow_run_id: str | None = None
 
     def join(self, clients: list[int]) -> None:
         """Let ``clients`` join before the next round (algorithms with elastic clients)."""

@@ -53,8 +53,11 @@ def _guarded(debug: bool, fn, *args, **kwargs):
         if debug:
             raise
         _fail(str(err).splitlines()[0], code=1)
-    except KeyboardInterrupt:
-        _fail("interrupted; partial results were kept in the run directory", code=130)
+    except KeyboardInterrupt as err:
+        from raycobo.experiment import Terminated
+
+        what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+        _fail(f"{what}; partial results and checkpoints were kept in the run directory", 130)
     except Exception as err:  # noqa: BLE001 - one line for users; --debug shows the rest
         if debug:
             raise
@@ -98,24 +101,47 @@ def _progress(label: str, quiet: bool):
 
 @app.command()
 def run(
-    config: Annotated[Path, typer.Argument(help="experiment YAML")],
+    config: Annotated[
+        str | None, typer.Argument(help="experiment YAML (not with --resume)", show_default=False)
+    ] = None,
     overrides: Overrides = None,
     out: Out = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume",
+            help="continue the run in this directory from its latest checkpoint "
+            "(only rounds=N may be given, to extend it)",
+        ),
+    ] = None,
     quiet: Quiet = False,
     debug: Debug = False,
     no_tracking: NoTrack = False,
 ) -> None:
-    """Run one experiment and write its run directory."""
+    """Run one experiment and write its run directory, or continue one (--resume)."""
 
     def go():
-        from raycobo.experiment import run_experiment
+        from raycobo.experiment import resume_config, run_experiment
 
-        cfg = load_config(config, overrides or [])
+        over = list(overrides or [])
+        if resume is not None:
+            if config is not None and "=" not in config:
+                raise ConfigError("--resume takes its config from the run directory; drop CONFIG")
+            if config is not None:  # `run --resume DIR rounds=40`: the first override
+                over.insert(0, config)
+            if out is not None and out.resolve() != resume.resolve():
+                raise ConfigError("--resume continues in its own directory; drop --out")
+            cfg = resume_config(resume, over)
+        else:
+            if config is None:
+                raise ConfigError("missing CONFIG (an experiment YAML), or --resume RUN_DIR")
+            cfg = load_config(Path(config), over)
         res = run_experiment(
             cfg,
-            out,
+            resume if resume is not None else out,
             _callbacks(cfg, no_tracking),
             _progress(f"{cfg.algorithm.name}", quiet),
+            resume=resume is not None,
         )
         s = res.summary
         acc = s["mean_accuracy"]
@@ -124,6 +150,8 @@ def run(
         ppl = s.get("mean_perplexity")
         ppl_s = f"  perplexity {ppl:.2f}" if ppl is not None else ""
         typer.echo(f"{s['algorithm']}: {acc_s}mean loss {loss}{ppl_s}  ({wall:.1f} s)")
+        if s.get("resumed_from_round") is not None:
+            typer.echo(f"resumed from round {s['resumed_from_round']}")
         typer.echo(f"run directory: {res.run_dir}")
 
     _guarded(debug, go)
@@ -141,10 +169,20 @@ def _print_table(rows) -> None:
         t.add_column(col, justify="right" if col != "algorithm" else "left")
     for r in rows:
         acc = "-" if r["mean_accuracy"] is None else f"{100 * r['mean_accuracy']:.2f}"
+        if not r["seeds"]:
+            acc = "failed:"
         if r["mean_accuracy"] is not None and len(r.get("seeds", [])) > 1:
             acc += f" ± {100 * r['std_accuracy']:.2f}"
+        if r.get("failed"):
+            acc += f" (failed: {'; '.join(r['failed'])})" if r["seeds"] else " ".join(r["failed"])
         imp = "-" if r["improved_vs_local"] is None else f"{r['improved_vs_local']:.0f}"
-        cells = [r["algorithm"], acc, _num(r["mean_loss"], ".4f"), imp, f"{r['wall_seconds']:.1f}"]
+        cells = [
+            r["algorithm"],
+            acc,
+            _num(r["mean_loss"], ".4f"),
+            imp,
+            _num(r["wall_seconds"], ".1f"),
+        ]
         if sent:
             cells.append(_num(r.get("megabytes_sent"), ".3g"))
         if ppl:
@@ -153,7 +191,7 @@ def _print_table(rows) -> None:
     Console().print(t)
 
 
-def _compare(cfg, algorithms, out, quiet, no_tracking, seeds=None, parallel=False):
+def _compare(cfg, algorithms, out, quiet, no_tracking, seeds=None, parallel=False, resume=False):
     from raycobo.compare import run_compare
 
     parent = None
@@ -179,13 +217,30 @@ def _compare(cfg, algorithms, out, quiet, no_tracking, seeds=None, parallel=Fals
             },
         )
     return run_compare(
-        cfg, algorithms, out, cbs, lambda a: _progress(a, quiet), parent, seeds, parallel
+        cfg,
+        algorithms,
+        out,
+        cbs,
+        lambda a: _progress(a, quiet),
+        parent,
+        seeds,
+        parallel,
+        resume=resume,
     )
+
+
+def _report_failures(rows) -> None:
+    """Exit 1 after the table when some compared runs failed (their rows say where)."""
+    bad = [f"{r['algorithm']} ({note})" for r in rows for note in r.get("failed", [])]
+    if bad:
+        _fail(f"{len(bad)} run(s) failed: {', '.join(bad)}; the others are in the table", 1)
 
 
 @app.command()
 def compare(
-    config: Annotated[Path, typer.Argument(help="experiment YAML")],
+    config: Annotated[
+        Path | None, typer.Argument(help="experiment YAML (not with --resume)", show_default=False)
+    ] = None,
     overrides: Overrides = None,
     algorithms: Annotated[
         str | None,
@@ -197,6 +252,13 @@ def compare(
     parallel: Annotated[
         bool, typer.Option("--parallel", help="run (algorithm, seed) pairs as Ray tasks")
     ] = False,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume",
+            help="continue this comparison: finished runs are kept, the others resume",
+        ),
+    ] = None,
     out: Out = None,
     quiet: Quiet = False,
     debug: Debug = False,
@@ -205,16 +267,29 @@ def compare(
     """Run several algorithms on the same data and seeds; table, plots and an HTML report."""
 
     def go():
-        cfg = load_config(config, overrides or [])
+        if resume is not None:
+            if config is not None or overrides:
+                raise ConfigError("--resume takes the comparison's config.yaml; drop CONFIG")
+            if not (resume / "config.yaml").is_file():
+                raise ConfigError(f"nothing to resume in {resume}: no config.yaml there")
+            cfg = load_config(resume / "config.yaml")
+        elif config is None:
+            raise ConfigError("missing CONFIG (an experiment YAML), or --resume COMPARE_DIR")
+        else:
+            cfg = load_config(config, overrides or [])
         seed_list = _int_list(seeds, "--seeds") if seeds else None
         algos = (
             [a.strip() for a in algorithms.split(",") if a.strip()]
             if algorithms
             else list(cfg.compare.algorithms)
         )
-        root, rows, _ = _compare(cfg, algos, out, quiet, no_tracking, seed_list, parallel)
+        target = resume if resume is not None else out
+        root, rows, _ = _compare(
+            cfg, algos, target, quiet, no_tracking, seed_list, parallel, resume is not None
+        )
         _print_table(rows)
         typer.echo(f"comparison: {root}/comparison.md  report: {root}/report.html")
+        _report_failures(rows)
 
     _guarded(debug, go)
 
@@ -254,6 +329,7 @@ def demo(
             store, exp = resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
             typer.echo(f"MLflow store:    {store}  (experiment '{exp}')")
             typer.echo(f"open it with:    {ui_command(cfg.tracking)}")
+        _report_failures(rows)
 
     _guarded(debug, go)
 
@@ -280,6 +356,12 @@ def sweep(
         summary = run_sweep(spec, base, out, num_samples, smoke_test, resume, echo=typer.echo)
         n, failed = summary["num_trials"], summary["failed"]
         typer.echo(f"{n} trials, {failed} failed; results in {summary['root']}")
+        if summary["interrupted"]:
+            _fail(
+                f"sweep interrupted; continue it with: raycobo sweep {space} "
+                f"--resume {summary['root']}",
+                code=130,
+            )
         best = summary["best"]
         if best is None:
             _fail("no trial finished with the metric; see sweep_summary.json", code=1)

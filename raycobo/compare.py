@@ -16,6 +16,7 @@ writes, in OUT:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
 import json
@@ -29,7 +30,8 @@ import numpy as np
 
 from raycobo.callbacks import Callback, RunContext
 from raycobo.config import Config, ConfigError, with_overrides
-from raycobo.experiment import Result, run_experiment
+from raycobo.experiment import Result, RunFailed, run_experiment
+from raycobo.run_dir import read_summary
 
 TABLE_COLUMNS = [
     "algorithm",
@@ -97,14 +99,39 @@ def _mean(values: list[float | None]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
+def finished(r: Result) -> bool:
+    return r.summary.get("status") == "completed"
+
+
+def failure_note(r: Result) -> str:
+    """Where a run stopped, for its table row: 'seed 1: FloatingPointError at round 12'."""
+    s = r.summary
+    kind = (s.get("error") or "failed").split(":")[0]
+    return f"seed {s.get('seed')}: {kind} at round {s.get('last_round', 0)}"
+
+
 def summarize(
     entry: str, runs: list[Result], local_runs: list[Result] | None, target: float | None
 ) -> dict[str, Any]:
-    sums = [r.summary for r in runs]
+    """One table row over an entry's seeds; runs that failed are left out of the numbers
+    and named in ``failed``."""
+    failed = [failure_note(r) for r in runs if not finished(r)]
+    done = [r for r in runs if finished(r)]
+    sums = [r.summary for r in done]
+    if not sums:
+        return {
+            **dict.fromkeys(TABLE_COLUMNS),
+            "algorithm": entry,
+            "seeds": [],
+            "wall_seconds": None,
+            "failed": failed,
+            "run_dirs": [str(r.run_dir) for r in runs],
+        }
     accs = [s["mean_accuracy"] for s in sums]
     has_acc = all(a is not None for a in accs)
+    local_by_seed = {r.summary["seed"]: r.summary for r in (local_runs or []) if finished(r)}
     imps = (
-        [improved_share(s, ls.summary) for s, ls in zip(sums, local_runs, strict=True)]
+        [improved_share(s, local_by_seed.get(s["seed"])) for s in sums]
         if local_runs is not None and entry != "local"
         else [None]
     )
@@ -130,6 +157,7 @@ def summarize(
         "rounds_to_target": None if any(r is None for r in reach) else float(np.mean(reach)),
         "wall_seconds": float(np.mean([s["wall_seconds"] for s in sums])),
         "megabytes_sent": _mean([s.get("megabytes_sent") for s in sums]),
+        "failed": failed,
         "run_dirs": [str(r.run_dir) for r in runs],
     }
 
@@ -144,15 +172,25 @@ def run_compare(
     seeds: list[int] | None = None,
     parallel: bool = False,
     cpus_per_run: float = 1.0,
+    resume: bool = False,
 ) -> tuple[Path, list[dict[str, Any]], dict[str, list[Result]]]:
+    """Run every (entry, seed) and write the comparison. A run that fails (diverges) is
+    kept as a failed row and the others go on. ``resume``: ``out`` is an earlier
+    comparison; finished runs are read back, the others continue from their checkpoints."""
     if not entries:
         raise ConfigError("no algorithms to compare: pass --algorithms or set compare.algorithms")
+    for e in entries:
+        check_entry(e)
     seeds = seeds or cfg.compare.seeds or [cfg.seed]
     multi = len(seeds) > 1
     cfgs = {(e, s): entry_config(cfg, e, s) for e in entries for s in seeds}  # validate first
+    if resume and (out is None or not (out / "config.yaml").is_file()):
+        raise ConfigError(f"nothing to resume in {out}: no comparison config.yaml there")
     root = out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.name}-compare"
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.yaml").write_text(cfg.to_yaml())
+    # what --resume needs to run the same comparison: its entries and seeds
+    stored = with_overrides(cfg, {"compare.algorithms": entries, "compare.seeds": seeds})
+    (root / "config.yaml").write_text(stored.to_yaml())
     pctx = RunContext(cfg, root)
     if parent is not None:
         parent.on_run_start(pctx)
@@ -160,49 +198,85 @@ def run_compare(
     def run_dir(e: str, s: int) -> Path:
         return root / e / f"seed{s}" if multi else root / e
 
-    results: dict[str, list[Result]] = {e: [] for e in entries}
-    if parallel:
-        done = run_parallel(
-            {
-                (e, s): (cfgs[(e, s)], run_dir(e, s), make_callbacks(e))
-                for e in entries
-                for s in seeds
-            },
-            cpus_per_run,
-        )
-        for e in entries:
-            results[e] = [done[(e, s)] for s in seeds]
-    else:
+    try:
+        results: dict[str, list[Result]] = {e: [] for e in entries}
+        todo: dict[tuple[str, int], bool] = {}  # (entry, seed) -> continue a started run
+        known: dict[tuple[str, int], Result] = {}
         for e in entries:
             for s in seeds:
+                d = run_dir(e, s)
+                old = read_summary(d) if resume else None
+                if old is not None and old.get("status") == "completed":
+                    known[(e, s)] = Result(d, old)
+                else:
+                    todo[(e, s)] = resume and (d / "config.yaml").is_file()
+        if parallel and todo:
+            jobs = {
+                k: (cfgs[k], run_dir(*k), make_callbacks(k[0]), again) for k, again in todo.items()
+            }
+            known.update(run_parallel(jobs, cpus_per_run))
+        else:
+            for (e, s), again in todo.items():
                 label = f"{e} seed {s}" if multi else e
-                results[e].append(
-                    run_experiment(
-                        cfgs[(e, s)], run_dir(e, s), make_callbacks(e), make_progress(label)
-                    )
+                known[(e, s)] = run_one(
+                    cfgs[(e, s)], run_dir(e, s), make_callbacks(e), make_progress(label), again
                 )
-    local = results.get("local")
-    target = cfg.compare.target_accuracy
-    rows = [summarize(e, runs, local, target) for e, runs in results.items()]
-    write_tables(root, rows)
-    plots = write_compare_plots(root, results, cfg.compare.heatmap_rounds)
-    write_report(root, cfg, rows, plots, cfgs)
+        for e in entries:
+            results[e] = [known[(e, s)] for s in seeds]
+        local = results.get("local")
+        target = cfg.compare.target_accuracy
+        rows = [summarize(e, runs, local, target) for e, runs in results.items()]
+        write_tables(root, rows)
+        ok = {e: [r for r in runs if finished(r)] for e, runs in results.items()}
+        plots = write_compare_plots(
+            root, {e: rs for e, rs in ok.items() if rs}, cfg.compare.heatmap_rounds
+        )
+        write_report(root, cfg, rows, plots, cfgs)
+    except BaseException as err:
+        if parent is not None:
+            status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+            with contextlib.suppress(Exception):
+                parent.on_run_end(pctx, {"status": status})
+        raise
     if parent is not None:
         log = getattr(parent, "log_files", None)
         if log is not None:
             log([root / "comparison.md", root / "comparison.csv", root / "report.html", *plots])
-        parent.on_run_end(pctx, {"status": "completed", "table": rows})
+        failed = any(r.get("failed") for r in rows)
+        parent.on_run_end(pctx, {"status": "failed" if failed else "completed", "table": rows})
     return root, rows, results
 
 
-def _run_remote(cfg_dict: dict[str, Any], run_dir: str, callbacks: list[Callback]) -> Result:
+def check_entry(entry: str) -> None:
+    """An entry becomes a folder under the comparison: a plain name only."""
+    from raycobo.config import check_name
+
+    try:
+        check_name(entry, "compare entry")
+    except ValueError as err:
+        raise ConfigError(f"invalid {err}") from None
+
+
+def run_one(
+    cfg: Config, run_dir: Path, callbacks: list[Callback], progress: Any, again: bool
+) -> Result:
+    """One compared run; a run that fails midway comes back as its failed summary."""
+    try:
+        return run_experiment(cfg, run_dir, callbacks, progress, resume=again)
+    except RunFailed as err:
+        return Result(err.run_dir, read_summary(err.run_dir) or {"status": "failed"})
+
+
+def _run_remote(
+    cfg_dict: dict[str, Any], run_dir: str, callbacks: list[Callback], again: bool
+) -> Result:
     from raycobo.config import validate
 
-    return run_experiment(validate(cfg_dict), Path(run_dir), callbacks)
+    return run_one(validate(cfg_dict), Path(run_dir), callbacks, None, again)
 
 
 def run_parallel(
-    jobs: dict[tuple[str, int], tuple[Config, Path, list[Callback]]], cpus_per_run: float
+    jobs: dict[tuple[str, int], tuple[Config, Path, list[Callback], bool]], cpus_per_run: float
 ) -> dict[tuple[str, int], Result]:
     """Run every (entry, seed) as a Ray task of ``cpus_per_run`` CPUs, as many at once as
     the Ray instance (local, bound to 127.0.0.1, or ``engine.address``) has room for."""
@@ -214,8 +288,8 @@ def run_parallel(
     start_ray(first)
     task = ray.remote(num_cpus=cpus_per_run)(_run_remote)
     refs = {
-        key: task.remote(cfg.to_dict(), str(path.resolve()), cbs)
-        for key, (cfg, path, cbs) in jobs.items()
+        key: task.remote(cfg.to_dict(), str(path.resolve()), cbs, again)
+        for key, (cfg, path, cbs, again) in jobs.items()
     }
     # a bound on the whole batch: every run may take up to engine.timeout_s
     results = ray.get(list(refs.values()), timeout=first.engine.timeout_s * len(jobs))
@@ -228,11 +302,16 @@ def _pct(v: float | None, digits: int = 1) -> str:
 
 def write_tables(root: Path, rows: list[dict[str, Any]]) -> None:
     with (root / "comparison.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[*TABLE_COLUMNS, "run_dirs"])
+        w = csv.DictWriter(f, fieldnames=[*TABLE_COLUMNS, "failed", "run_dirs"])
         w.writeheader()
         for r in rows:
             w.writerow(
-                {**r, "seeds": " ".join(map(str, r["seeds"])), "run_dirs": " ".join(r["run_dirs"])}
+                {
+                    **r,
+                    "seeds": " ".join(map(str, r["seeds"])),
+                    "failed": "; ".join(r.get("failed", [])),
+                    "run_dirs": " ".join(r["run_dirs"]),
+                }
             )
     (root / "comparison.json").write_text(json.dumps(rows, indent=2))
     (root / "comparison.md").write_text(markdown_table(rows))
@@ -251,12 +330,18 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         imp = "-" if r["improved_vs_local"] is None else f"{r['improved_vs_local']:.0f}"
         reach = "-" if r["rounds_to_target"] is None else f"{r['rounds_to_target']:.0f}"
         loss = "-" if r["mean_loss"] is None else f"{r['mean_loss']:.3f}"
+        if not r["seeds"]:
+            acc = "failed"
+        wall = "-" if r["wall_seconds"] is None else f"{r['wall_seconds']:.1f}"
         lines.append(
             f"| {r['algorithm']} | {acc} | {loss} | {_sig3(r.get('mean_perplexity'))} | {imp} | "
             f"{_pct(r['worst10_accuracy'])} | "
             f"{_pct(r['worst20_accuracy'])} | {_pct(r['client_std_accuracy'])} | {reach} | "
-            f"{r['wall_seconds']:.1f} | {_sig3(r.get('megabytes_sent'))} |"
+            f"{wall} | {_sig3(r.get('megabytes_sent'))} |"
         )
+    notes = [f"- {r['algorithm']} failed: {note}" for r in rows for note in r.get("failed", [])]
+    if notes:
+        lines += ["", "Runs left out of the numbers (continue them with --resume):", *notes]
     return "\n".join(lines) + "\n"
 
 
@@ -341,6 +426,12 @@ def write_report(
         f"<details><summary>{esc(e)} (seed {s})</summary><pre>{esc(c.to_yaml())}</pre></details>"
         for (e, s), c in cfgs.items()
     )
+    failures = "".join(
+        f"<p>{esc(r['algorithm'])} failed: {esc(note)}</p>"
+        for r in rows
+        for note in r.get("failed", [])
+    )
+    seeds = ", ".join(map(str, sorted({x for r in rows for x in r["seeds"]})))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>raycobo compare: {esc(cfg.name)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
@@ -348,10 +439,10 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:10
 </head><body>
 <h1>{esc(cfg.name)}: {esc(", ".join(r["algorithm"] for r in rows))}</h1>
 <p>{esc(cfg.data.name)} / {esc(cfg.data.partition.kind)}, {cfg.rounds} rounds, seeds
-{esc(", ".join(map(str, rows[0]["seeds"])))}. Accuracy: mean over clients at the last round
-(mean over seeds); Imp.: share of clients beating Local; worst 10/20 %: mean accuracy of the
-weakest clients; rounds to target: first evaluation at or above {cfg.compare.target_accuracy}.</p>
-<h2>Results</h2>{"".join(table)}
+{esc(seeds)}. Accuracy: mean over clients at the last round (mean over seeds);
+Imp.: share of clients beating Local; worst 10/20 %: mean accuracy of the weakest clients;
+rounds to target: first evaluation at or above {cfg.compare.target_accuracy}.</p>
+<h2>Results</h2>{"".join(table)}{failures}
 <h2>Plots</h2>{imgs}
 <h2>Resolved configs</h2>{configs}
 </body></html>

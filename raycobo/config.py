@@ -246,6 +246,22 @@ class CompareConfig(_Section):
     heatmap_rounds: list[int] | None = None
 
 
+class CheckpointConfig(_Section):
+    # rounds between checkpoints; null: at every evaluation (eval_every); 0: none. The
+    # last round is always checkpointed (unless 0), so a finished run can be extended.
+    every: int | None = Field(default=None, ge=0)
+    keep: int = Field(default=2, ge=1, description="newest checkpoints kept")
+
+
+def check_name(value: str, key: str) -> str:
+    """A name that becomes a folder under an output root: no separators, no '..'."""
+    if not value or "/" in value or "\\" in value or value.startswith(".") or "\0" in value:
+        raise ValueError(
+            f"{key}: {value!r} must be a plain folder name (no '/', '\\', or leading '.')"
+        )
+    return value
+
+
 class ScheduleEvent(_Section):
     """Clients joining or leaving after ``round`` completed rounds."""
 
@@ -266,8 +282,23 @@ class Config(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     compare: CompareConfig = Field(default_factory=CompareConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     # elastic clients: a client whose first event is a join starts outside the system
     schedule: list[ScheduleEvent] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names(self) -> Config:
+        check_name(self.name, "name")
+        for label in self.compare.variants:
+            check_name(label, "compare.variants")
+        return self
+
+    def checkpoint_rounds(self) -> set[int]:
+        """Completed-round counts after which a checkpoint is written."""
+        every = self.checkpoint.every if self.checkpoint.every is not None else self.eval_every
+        if every == 0:
+            return set()
+        return {self.rounds, *range(every, self.rounds + 1, every)}
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -1,16 +1,11 @@
 """One experiment: config -> data, model, algorithm, engine -> run directory + summary.
 
-The run directory (the contract in README "Run directory"):
-
-- ``config.yaml``        the fully resolved config (written first, before anything runs)
-- ``metrics.csv``        one row per evaluation and client: round, client, cluster,
-                         accuracy, loss (appended and flushed as the run goes)
-- ``rounds.csv``         per-round statistics (train loss, sampled edges, gradients, ...)
-- ``summary.json``       final numbers, or ``status: failed`` with the error and the
-                         last measured round when a run breaks
-- ``collaboration.npy``  the final W when the algorithm has one
-- ``<name>.pt``          learned extras an algorithm exports (meta-L2C: ``encoder.pt``)
-- ``plots/``             PNG: accuracy/loss curves, W heatmaps
+The run's state is one object, :class:`RunState` (the algorithm's state, the round
+reached, the history of evaluations, W snapshots, membership changes, counters), stepped
+by a short loop. What the run writes is a callback of its own (:class:`RunDir`, next to
+the MLflow one); checkpoints hold the whole RunState, so ``resume=True`` continues a run
+from its latest checkpoint with the same numbers as a run that was never interrupted
+(bit for bit on the local engine: all randomness is counter-based).
 
 Tracking and progress are callbacks; the training loop knows neither MLflow nor Ray.
 """
@@ -18,11 +13,11 @@ Tracking and progress are callbacks; the training loop knows neither MLflow nor 
 from __future__ import annotations
 
 import contextlib
-import csv
-import json
 import math
+import signal
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,25 +25,74 @@ from typing import Any
 import numpy as np
 import torch
 
+from raycobo import checkpoint as ckpt
 from raycobo.algorithms import build_algorithm, evaluate
 from raycobo.algorithms.base import Evaluation
 from raycobo.callbacks import Callback, RunContext
-from raycobo.config import Config, ConfigError
+from raycobo.config import Config, ConfigError, load_config, with_overrides
+from raycobo.run_dir import RunDir, read_summary
 
 
 class RunFailed(RuntimeError):
     """A run broke after its run directory existed; what it measured is kept there."""
 
-    def __init__(self, run_dir: Path, reason: str):
+    def __init__(self, run_dir: Path, reason: str, last_round: int = 0):
         super().__init__(f"run failed: {reason} (partial results in {run_dir})")
         self.run_dir = run_dir
         self.reason = reason
+        self.last_round = last_round
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, ``ray stop``, a pre-empted node): handled like Ctrl-C."""
 
 
 @dataclass
 class Result:
     run_dir: Path
     summary: dict[str, Any]
+
+
+@dataclass
+class RunState:
+    """Everything a run needs to continue: what a checkpoint holds."""
+
+    algo_state: Any
+    round: int = 0  # completed rounds
+    history: list[dict[str, Any]] = field(default_factory=list)  # evaluations so far
+    snapshots: dict[int, np.ndarray] = field(default_factory=dict)  # W at heatmap rounds
+    membership: list[dict[str, Any]] = field(default_factory=list)  # joins/leaves applied
+    bytes_sent: float = 0.0  # communication, for methods that count it
+    wall_before: float = 0.0  # seconds spent before a resume
+
+    def payload(self, algo, wall: float) -> dict[str, Any]:
+        capture = getattr(algo, "checkpoint_state", None)  # the Ray engine's coordinator
+        return {
+            "algo_state": capture() if capture is not None else ckpt.state_tree(self.algo_state),
+            "history": self.history,
+            "snapshots": {int(r): torch.from_numpy(m) for r, m in self.snapshots.items()},
+            "membership": self.membership,
+            "bytes_sent": self.bytes_sent,
+            "wall_seconds": wall,
+        }
+
+    @classmethod
+    def restore(cls, algo, template: Any, data: dict[str, Any]) -> RunState:
+        put = getattr(algo, "restore_state", None)
+        if put is not None:
+            put(data["algo_state"])
+            state = template
+        else:
+            state = ckpt.load_into(template, data["algo_state"])
+        return cls(
+            algo_state=state,
+            round=int(data["round"]),
+            history=list(data["history"]),
+            snapshots={int(r): m.numpy() for r, m in data["snapshots"].items()},
+            membership=list(data["membership"]),
+            bytes_sent=float(data["bytes_sent"]),
+            wall_before=float(data["wall_seconds"]),
+        )
 
 
 def default_run_dir(cfg: Config, root: str | Path = "runs") -> Path:
@@ -91,21 +135,42 @@ def _clean(x: float | None) -> float | None:
     return x if math.isfinite(x) else None
 
 
-class _CsvLog:
-    def __init__(self, path: Path, columns: list[str]):
-        self.path = path
-        self.columns = columns
-        self._f = path.open("w", newline="")
-        self._w = csv.DictWriter(self._f, fieldnames=columns, extrasaction="ignore")
-        self._w.writeheader()
-        self._f.flush()
+RESUMABLE_KEYS = {"rounds"}
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
-        self._w.writerows(rows)
-        self._f.flush()
 
-    def close(self) -> None:
-        self._f.close()
+def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Config:
+    """The stored config of ``run_dir`` with the overrides a resume allows (``rounds=``)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"nothing to resume in {run_dir}: no config.yaml (not a run directory)")
+    cfg = load_config(run_dir / "config.yaml")
+    over = list(overrides or [])
+    for item in over:
+        key = item.partition("=")[0].strip()
+        if key not in RESUMABLE_KEYS:
+            raise ConfigError(
+                f"cannot override '{key}' when resuming {run_dir}: a resumed run keeps its "
+                "config (only rounds=N, to extend it)"
+            )
+    return with_overrides(cfg, over) if over else cfg
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """In the main thread, SIGTERM raises :class:`Terminated` (like Ctrl-C's
+    KeyboardInterrupt) so the run ends through its interrupted path."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_experiment(
@@ -113,131 +178,176 @@ def run_experiment(
     out: str | Path | None = None,
     callbacks: list[Callback] | tuple[Callback, ...] = (),
     progress: Any = None,
+    resume: bool = False,
 ) -> Result:
     """Run ``cfg`` and write its run directory. ``progress`` is an optional object with
-    ``start(total)``, ``advance(stats)`` and ``stop()`` (see ``raycobo.progress``)."""
-    run_dir = Path(out) if out is not None else default_run_dir(cfg)
-    if run_dir.exists() and (run_dir / "summary.json").exists():
-        raise ConfigError(f"run directory {run_dir} already holds a finished run; choose --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    ``start(total)``, ``advance(stats)`` and ``stop()`` (see ``raycobo.progress``).
+    ``resume``: continue the run in ``out`` from its latest checkpoint (from round 0 when
+    it has none)."""
+    if resume and out is None:
+        raise ConfigError("resume needs the run directory to continue")
+    writer = RunDir(Path(out) if out is not None else default_run_dir(cfg), cfg)
+    found = writer.open(resume)  # the lock, the checks, config.yaml, a running summary
+    with _sigterm_as_interrupt():
+        try:
+            return _run(cfg, writer, found, list(callbacks), progress)
+        finally:
+            writer.close()
+
+
+def _run(cfg: Config, writer: RunDir, found, callbacks: list, progress: Any) -> Result:
+    run_dir = writer.path
     if cfg.engine.threads:
         torch.set_num_threads(cfg.engine.threads)
-
     ctx = RunContext(cfg, run_dir)
+    old = read_summary(run_dir) if found is not None else None
     start = time.perf_counter()
-    metrics_log = _CsvLog(
-        run_dir / "metrics.csv", ["round", "client", "cluster", "accuracy", "loss"]
-    )
-    rounds_log: _CsvLog | None = None
-    history: list[dict[str, Any]] = []
-    snapshots: dict[int, np.ndarray] = {}
-    last_round = 0
-    membership: list[dict[str, Any]] = []  # clients joining / leaving, as applied
-    bytes_sent = 0.0  # communication, for methods that count it (round stat bytes_sent)
-    state = algo = ops = None
+    rs: RunState | None = None
+    observers: list[Any] = [writer, *callbacks]
+    algo = ops = None
     try:
         ops, algo = build_run(cfg)
         ctx.n_clients, ctx.clusters = ops.n_clients, list(ops.clusters)
+        if found is not None:
+            data = ckpt.read_checkpoint(found[1])
+            ctx.resumed_mlflow_run_id = data.get("mlflow_run_id") or (old or {}).get(
+                "mlflow_run_id"
+            )
         for cb in callbacks:
             cb.on_run_start(ctx)
-        state = algo.init(ops)
-        state = _apply(algo, state, "leave", cfg.initially_absent(), ops.n_clients, 0, membership)
-        evals = eval_rounds(cfg.rounds, cfg.eval_every)
-        text_task = cfg.data.name == "multilingual_text"
-        snap_at = set(heatmap_rounds(cfg))
-
-        def record(r: int, stats: dict[str, float]) -> dict[str, Any]:
-            ev = evaluate(algo, state, ops)
-            W = algo.collaboration(state)
-            row = _eval_record(r, ev, ctx.clusters, agreement_of(algo, state, W, ctx.clusters))
-            if text_task:  # language models: per-client validation perplexity
-                row["mean_perplexity"] = _clean(torch.exp(ev.loss.double()).nanmean())
-            row.update({k: v for k, v in stats.items() if k not in row})
-            metrics_log.write(_client_rows(r, ev, ctx.clusters))
-            history.append(row)
-            for cb in callbacks:
-                cb.on_eval(ctx, r, row)
-            return row
-
-        record(0, {})
+        template = algo.init(ops)
+        if found is None:
+            rs = RunState(template)
+            rs.algo_state = _apply(
+                algo, rs.algo_state, "leave", cfg.initially_absent(), ops.n_clients, 0, rs
+            )
+        else:
+            rs = RunState.restore(algo, template, data)
+        loop = _Loop(cfg, algo, ops, ctx, rs, observers, writer, start)
+        if found is None:
+            loop.tell_eval(0, loop.record(0, {}))
         if progress is not None:
             progress.start(cfg.rounds)
-        for t in range(cfg.rounds):
-            for ev in cfg.schedule:  # joins and leaves after t completed rounds
-                if ev.round == t:
-                    for kind in ("leave", "join"):
-                        ids = getattr(ev, kind)
-                        state = _apply(algo, state, kind, ids, ops.n_clients, t, membership)
-            while ctx.requests:  # asked for through the RunContext API
-                kind, ids = ctx.requests.pop(0)
-                state = _apply(algo, state, kind, ids, ops.n_clients, t, membership)
-            state, stats = algo.round(state, t, ops)
-            r = t + 1
-            last_round = r
-            if not all(math.isfinite(v) for v in stats.values()):
-                raise FloatingPointError(f"non-finite training statistics at round {r}: {stats}")
-            if rounds_log is None:
-                rounds_log = _CsvLog(run_dir / "rounds.csv", ["round", *stats.keys()])
-            rounds_log.write([{"round": r, **stats}])
-            bytes_sent += stats.get("bytes_sent", 0.0)
-            for cb in callbacks:
-                cb.on_round_end(ctx, r, stats)
-            if r in snap_at:
-                W = algo.collaboration(state)
-                if W is not None:
-                    snapshots[r] = W.detach().float().cpu().numpy()
-            row = record(r, stats) if r in evals else None
+            for _ in range(rs.round):
+                progress.advance({}, None)
+        while rs.round < cfg.rounds:
+            row, stats = loop.step()
             if progress is not None:
                 progress.advance(stats, row)
     except BaseException as err:  # keep what was measured, say where, re-raise
         _close(ops)
         if progress is not None:
             progress.stop()
-        metrics_log.close()
-        if rounds_log is not None:
-            rounds_log.close()
+        interrupted = isinstance(err, KeyboardInterrupt)
         reason = (
-            "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+            ("SIGTERM" if isinstance(err, Terminated) else "SIGINT")
+            if interrupted
+            else f"{type(err).__name__}: {err}"
         )
-        failed = {
-            "status": "failed",
-            "error": reason,
-            "last_round": last_round,
-            "algorithm": cfg.algorithm.name,
-            "engine": cfg.engine.kind,
-            "seed": cfg.seed,
-            "rounds": cfg.rounds,
-            "history": history,
-            "wall_seconds": time.perf_counter() - start,
+        last = rs.round if rs is not None else 0
+        extra = {
+            "history": _compact(rs.history) if rs is not None else [],
+            "wall_seconds": (rs.wall_before if rs else 0.0) + time.perf_counter() - start,
             "mlflow_run_id": ctx.mlflow_run_id,
         }
-        (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
+        status = "interrupted" if interrupted else "failed"
+        writer.fail(status, reason, last, extra)
+        ended = {"status": status, "error": reason, "last_round": last}
         for cb in callbacks:
             with contextlib.suppress(Exception):  # reporting must not mask the error
-                cb.on_run_end(ctx, failed)
+                cb.on_run_end(ctx, ended)
         if isinstance(err, ConfigError | KeyboardInterrupt):
             raise
-        raise RunFailed(run_dir, reason) from err
+        raise RunFailed(run_dir, reason, last) from err
     if progress is not None:
         progress.stop()
-    metrics_log.close()
-    if rounds_log is not None:
-        rounds_log.close()
+    summary = _final_summary(cfg, algo, ops, ctx, rs, found, start)
+    W = summary["collaboration"]
+    W_np = np.asarray(W, dtype=np.float32) if W is not None else None
+    if W_np is not None:
+        rs.snapshots.setdefault(cfg.rounds, W_np)
+    artifacts = algo.artifacts(rs.algo_state) if hasattr(algo, "artifacts") else {}
+    _close(ops)
+    writer.finish(summary, W_np, rs.snapshots, artifacts, ctx.clusters)
+    for cb in callbacks:
+        cb.on_run_end(ctx, summary)
+    return Result(run_dir, summary)
 
-    final = history[-1]
+
+class _Loop:
+    """Steps a RunState one round at a time and tells the observers (the run directory
+    first, then tracking, sweeps, ...)."""
+
+    def __init__(self, cfg, algo, ops, ctx, rs: RunState, observers, writer: RunDir, start):
+        self.cfg, self.algo, self.ops, self.ctx, self.rs = cfg, algo, ops, ctx, rs
+        self.observers, self.writer, self.start = observers, writer, start
+        self.evals = eval_rounds(cfg.rounds, cfg.eval_every)
+        self.snap_at = set(heatmap_rounds(cfg))
+        self.ckpt_at = cfg.checkpoint_rounds()
+        self.text_task = cfg.data.name == "multilingual_text"
+
+    def record(self, r: int, stats: dict[str, float]) -> dict[str, Any]:
+        algo, state, ctx = self.algo, self.rs.algo_state, self.ctx
+        ev = evaluate(algo, state, self.ops)
+        W = algo.collaboration(state)
+        row = _eval_record(r, ev, ctx.clusters, agreement_of(algo, state, W, ctx.clusters))
+        if self.text_task:  # language models: per-client validation perplexity
+            row["mean_perplexity"] = _clean(torch.exp(ev.loss.double()).nanmean())
+        row.update({k: v for k, v in stats.items() if k not in row})
+        self.rs.history.append(row)
+        return row
+
+    def step(self) -> tuple[dict[str, Any] | None, dict[str, float]]:
+        cfg, algo, ops, ctx, rs = self.cfg, self.algo, self.ops, self.ctx, self.rs
+        t = rs.round
+        for ev in cfg.schedule:  # joins and leaves after t completed rounds
+            if ev.round == t:
+                for kind in ("leave", "join"):
+                    ids = getattr(ev, kind)
+                    rs.algo_state = _apply(algo, rs.algo_state, kind, ids, ops.n_clients, t, rs)
+        while ctx.requests:  # asked for through the RunContext API
+            kind, ids = ctx.requests.pop(0)
+            rs.algo_state = _apply(algo, rs.algo_state, kind, ids, ops.n_clients, t, rs)
+        rs.algo_state, stats = algo.round(rs.algo_state, t, ops)
+        r = t + 1
+        if not all(math.isfinite(v) for v in stats.values()):
+            raise FloatingPointError(f"non-finite training statistics at round {r}: {stats}")
+        rs.round = r
+        rs.bytes_sent += stats.get("bytes_sent", 0.0)
+        for cb in self.observers:
+            cb.on_round_end(ctx, r, stats)
+        if r in self.snap_at:
+            W = algo.collaboration(rs.algo_state)
+            if W is not None:
+                rs.snapshots[r] = W.detach().float().cpu().numpy()
+        row = self.record(r, stats) if r in self.evals else None
+        if row is not None:  # the run directory's rows before the checkpoint that covers them
+            self.writer.on_eval(ctx, r, row)
+        if r in self.ckpt_at:
+            wall = rs.wall_before + time.perf_counter() - self.start
+            payload = rs.payload(algo, wall)
+            payload["mlflow_run_id"] = ctx.mlflow_run_id
+            ctx.checkpoint = (r, self.writer.checkpoint(r, payload))
+        if row is not None:
+            self.tell_eval(r, row, skip_writer=True)
+        return row, stats
+
+    def tell_eval(self, r: int, row: dict[str, Any], skip_writer: bool = False) -> None:
+        for cb in self.observers:
+            if not (skip_writer and cb is self.writer):
+                cb.on_eval(self.ctx, r, row)
+
+
+def _compact(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in h.items() if k != "clients"} for h in history]
+
+
+def _final_summary(cfg, algo, ops, ctx, rs: RunState, found, start) -> dict[str, Any]:
+    final = rs.history[-1]
+    state = rs.algo_state
     W = algo.collaboration(state)
     extras = algo.summary_extras() if hasattr(algo, "summary_extras") else None
-    for name, obj in (algo.artifacts(state) if hasattr(algo, "artifacts") else {}).items():
-        torch.save(obj, run_dir / f"{name}.pt")  # e.g. meta-L2C's encoder, for transfer
-    _close(ops)
-    W_np = W.detach().float().cpu().numpy() if W is not None else None
-    if W_np is not None:
-        np.save(run_dir / "collaboration.npy", W_np)
-        snapshots.setdefault(cfg.rounds, W_np)
-        np.savez_compressed(
-            run_dir / "collaboration_rounds.npz", **{f"round_{r}": m for r, m in snapshots.items()}
-        )
+    W_list = W.detach().float().cpu().numpy().tolist() if W is not None else None
     summary = {
         "status": "completed",
         "name": cfg.name,
@@ -247,31 +357,27 @@ def run_experiment(
         "model": cfg.model.name if cfg.data.name != "quadratic" else None,
         "n_clients": ops.n_clients,
         "rounds": cfg.rounds,
+        "last_round": rs.round,
         "seed": cfg.seed,
         "mean_accuracy": final["mean_accuracy"],
         "mean_loss": final["mean_loss"],
         "mean_perplexity": final.get("mean_perplexity"),
         "clients": final["clients"],
-        "collaboration": W_np.tolist() if W_np is not None else None,
+        "collaboration": W_list,
         "cluster_agreement": agreement_of(algo, state, W, ctx.clusters),
-        "megabytes_sent": bytes_sent / 1e6 if bytes_sent else None,
-        "membership": membership,
-        "history": [{k: v for k, v in h.items() if k != "clients"} for h in history],
-        "wall_seconds": time.perf_counter() - start,
+        "megabytes_sent": rs.bytes_sent / 1e6 if rs.bytes_sent else None,
+        "membership": rs.membership,
+        "history": _compact(rs.history),
+        "resumed_from_round": found[0] if found is not None else None,
+        "wall_seconds": rs.wall_before + time.perf_counter() - start,
         "mlflow_run_id": ctx.mlflow_run_id,
     }
     if extras is not None:
         summary["engine_report"] = extras
-    from raycobo import plots
-
-    plots.write_run_plots(run_dir, summary, snapshots, ctx.clusters)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    for cb in callbacks:
-        cb.on_run_end(ctx, summary)
-    return Result(run_dir, summary)
+    return summary
 
 
-def _apply(algo, state, kind: str, ids: list[int], n: int, t: int, log: list) -> Any:
+def _apply(algo, state, kind: str, ids: list[int], n: int, t: int, rs: RunState) -> Any:
     """Clients ``ids`` join or leave after t completed rounds (algorithms with ``join`` /
     ``leave``, e.g. CoBo)."""
     if not ids:
@@ -286,7 +392,7 @@ def _apply(algo, state, kind: str, ids: list[int], n: int, t: int, log: list) ->
             f"invalid config key 'schedule': algorithm '{name}' has no clients joining or "
             "leaving (cobo has)"
         )
-    log.append({"round": t, "event": kind, "clients": list(ids)})
+    rs.membership.append({"round": t, "event": kind, "clients": list(ids)})
     return fn(state, list(ids))
 
 
@@ -313,14 +419,6 @@ def build_run(cfg: Config):
 
         ops = make_local_ops(cfg, data)
     return ops, algo
-
-
-def _client_rows(r: int, ev: Evaluation, clusters: list[int | None]) -> list[dict[str, Any]]:
-    acc = ev.accuracy.tolist() if ev.accuracy is not None else [None] * len(ev.loss)
-    return [
-        {"round": r, "client": i, "cluster": clusters[i], "accuracy": a, "loss": float(lv)}
-        for i, (a, lv) in enumerate(zip(acc, ev.loss.tolist(), strict=True))
-    ]
 
 
 def _eval_record(

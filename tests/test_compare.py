@@ -7,10 +7,12 @@ import json
 import re
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from raycobo.cli import app
 from raycobo.compare import TABLE_COLUMNS, worst_share
+from raycobo.config import load_config
 
 
 def test_two_algorithms_two_seeds_table_matches_runs(tmp_path):
@@ -155,3 +157,47 @@ def test_dropped_clients_and_perplexity_in_tables():
     row.update(algorithm="cobo", seeds=[0], mean_loss=4.5, mean_perplexity=90.0, wall_seconds=1.0)
     md = markdown_table([row])
     assert "| perplexity |" in md and "| 90 |" in md
+
+
+def test_a_diverging_algorithm_does_not_stop_the_others(tmp_path, quad_cfg):
+    from raycobo.compare import run_compare
+
+    cfg = quad_cfg("rounds=10", "compare.overrides={fedavg: {algorithm.lr: 1.0e6}}")
+    root, rows, _ = run_compare(cfg, ["local", "fedavg", "cobo"], tmp_path / "c")
+    by = {r["algorithm"]: r for r in rows}
+    assert by["fedavg"]["seeds"] == [] and by["fedavg"]["mean_loss"] is None
+    (note,) = by["fedavg"]["failed"]
+    assert note.startswith("seed 0: FloatingPointError at round ")
+    assert by["local"]["failed"] == [] and by["local"]["mean_loss"] is not None
+    assert by["cobo"]["failed"] == [] and by["cobo"]["mean_loss"] is not None
+    table = (root / "comparison.md").read_text()
+    assert "| fedavg | failed |" in table and f"fedavg failed: {note}" in table
+
+
+def test_compare_resume_keeps_finished_runs_and_continues_the_rest(tmp_path, quad_cfg):
+    from raycobo.callbacks import BaseCallback
+    from raycobo.compare import run_compare
+
+    class CtrlC(BaseCallback):
+        def on_round_end(self, ctx, round, stats):
+            if round == 7:
+                raise KeyboardInterrupt
+
+    cfg = quad_cfg("rounds=10", "eval_every=5")
+    out = tmp_path / "c"
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(
+            cfg, ["local", "cobo"], out, lambda e: [CtrlC()] if e == "cobo" else [], seeds=[0, 1]
+        )
+    local_summary = (out / "local" / "seed1" / "summary.json").read_bytes()
+    stored = load_config(out / "config.yaml")
+    assert stored.compare.algorithms == ["local", "cobo"] and stored.compare.seeds == [0, 1]
+    _, rows, results = run_compare(stored, ["local", "cobo"], out, resume=True)
+    assert (out / "local" / "seed1" / "summary.json").read_bytes() == local_summary
+    cobo = results["cobo"][0].summary
+    assert cobo["resumed_from_round"] == 5 and cobo["status"] == "completed"
+    # seed 1 of cobo never started: it runs from round 0
+    assert results["cobo"][1].summary["resumed_from_round"] is None
+    _, fresh, _ = run_compare(cfg, ["local", "cobo"], tmp_path / "fresh", seeds=[0, 1])
+    for a, b in zip(rows, fresh, strict=True):
+        assert a["mean_loss"] == b["mean_loss"] and a["algorithm"] == b["algorithm"]

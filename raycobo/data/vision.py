@@ -112,13 +112,39 @@ CIFAR_LAYOUT = {
 }
 
 
+# What torchvision's CIFAR pickles contain: dicts, lists, strings, ints, and numpy arrays
+# (rebuilt by numpy's _reconstruct from an ndarray type and a dtype). Nothing else is
+# admitted, so a file planted under data.root cannot run code when it is read.
+_CIFAR_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),  # bytes in protocol-2 pickles written by Python 3
+}
+
+
 def _read_cifar_pickle(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
     import pickle
 
-    with path.open("rb") as f:
-        entry = pickle.load(f, encoding="latin1")
-    data = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-    return data, np.asarray(entry[label_key], dtype=np.int64)
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            if (module, name) not in _CIFAR_GLOBALS:
+                raise pickle.UnpicklingError(f"{module}.{name} is not part of a CIFAR file")
+            return super().find_class(module, name)
+
+    try:
+        with path.open("rb") as f:
+            entry = Restricted(f, encoding="latin1").load()
+        data = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        labels = np.asarray(entry[label_key], dtype=np.int64)
+    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as err:
+        raise ConfigError(
+            f"{path} is not a CIFAR batch in torchvision's format (data.root): {err}"
+        ) from None
+    return data, labels
 
 
 def load_cifar(cfg: DataConfig, name: str) -> RawDataset:

@@ -928,6 +928,40 @@ class CoordinatorImpl:
             return
         self.state = fn(self.state, clients)
 
+    @_between_rounds
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The committed algorithm state as plain data (raycobo.checkpoint): resident
+        hosts hand over their published models; alignment requests still in flight
+        (engine.staleness) are saved as requests and sent again on restore (their
+        minibatches are counter-based, so the answers are the same)."""
+        from raycobo.checkpoint import state_tree
+
+        if self.resident:
+            X = self.eval_params.__wrapped__(self)
+            return {"resident": {"X": X, "W": self.W.clone(), "active": state_tree(self.active)}}
+        pending = [
+            {"round": r, "edges": edges.clone(), "request": state_tree(list(req.request))}
+            for r, edges, req in self.pending
+        ]
+        return {"state": state_tree(self.state), "pending": pending}
+
+    @_between_rounds
+    def restore_state(self, tree: dict[str, Any]) -> None:
+        from raycobo.checkpoint import load_into
+
+        if self.resident:
+            res = tree["resident"]
+            self.ahead = None
+            self.W, self.active = res["W"].clone(), res["active"]
+            X, ray = res["X"], self.ops.ray
+            self.blocks = [ray.put(X[rows].numpy()) for rows in self.ops.layout]
+            self._load_hosts(self.blocks)
+            return
+        self.state = load_into(self.state, tree["state"])
+        self.pending = [
+            (p["round"], p["edges"], self.ops.grads_async(*p["request"])) for p in tree["pending"]
+        ]
+
     def report(self) -> dict[str, Any]:
         span = self.span[1] - self.span[0] - self.between_s if self.span else 0.0
         return {
@@ -1036,6 +1070,12 @@ class RayRun:
     def leave(self, state, clients: list[int]):
         self._get(self.coordinator.membership.remote("leave", clients))
         return state
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return self._get(self.coordinator.checkpoint_state.remote())
+
+    def restore_state(self, tree: dict[str, Any]) -> None:
+        self._get(self.coordinator.restore_state.remote(tree))
 
     def summary_extras(self) -> dict[str, Any]:
         rep = self._get(self.coordinator.report.remote())

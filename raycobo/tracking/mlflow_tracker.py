@@ -107,6 +107,9 @@ class MLflowTracker(BaseCallback):
                 logging.getLogger(name).setLevel(logging.WARNING)
 
             client = MlflowClient(tracking_uri=self.uri)
+            if ctx.resumed_mlflow_run_id and self._reopen(client, ctx.resumed_mlflow_run_id):
+                ctx.mlflow_run_id = self.run_id
+                return
             exp_id = self.experiment_id(client)
             tags = {
                 "raycobo.algorithm": ctx.cfg.algorithm.name,
@@ -124,6 +127,17 @@ class MLflowTracker(BaseCallback):
             ctx.mlflow_run_id = self.run_id
         except Exception as err:  # noqa: BLE001
             self._disable(err)
+
+    def _reopen(self, client, run_id: str) -> bool:
+        """A resumed run continues the MLflow run it started (metrics go on by round)."""
+        try:
+            client.get_run(run_id)
+        except Exception:  # noqa: BLE001 - another store, or the run was deleted: a new one
+            return False
+        client.update_run(run_id, status="RUNNING")
+        client.set_tag(run_id, "raycobo.resumed", "true")
+        self.client, self.run_id = client, run_id
+        return True
 
     def on_round_end(self, ctx: RunContext, round: int, stats: dict[str, float]) -> None:
         if not self.enabled:
@@ -175,8 +189,14 @@ class MLflowTracker(BaseCallback):
                 self._guard(self.client.log_artifact, self.run_id, str(path))
         if (ctx.run_dir / "plots").is_dir():
             self._guard(self.client.log_artifacts, self.run_id, str(ctx.run_dir / "plots"), "plots")
-        status = "FINISHED" if summary.get("status") == "completed" else "FAILED"
-        self._guard(self.client.set_terminated, self.run_id, status)
+        self._guard(self.client.set_terminated, self.run_id, mlflow_status(summary))
+
+
+def mlflow_status(summary: dict[str, Any]) -> str:
+    """MLflow's end status for a raycobo summary status."""
+    return {"completed": "FINISHED", "interrupted": "KILLED"}.get(
+        summary.get("status", "failed"), "FAILED"
+    )
 
 
 def ui_command(cfg: TrackingConfig) -> str:

@@ -16,6 +16,7 @@ num_samples: 8
 max_concurrent: 2
 resources: {cpu: 1, gpu: 0}
 smoke: {rounds: 20, num_samples: 2}   # what --smoke-test uses
+max_failures: 2                        # retries of a failed trial, from its checkpoint
 ```
 
 Every key of ``space`` is checked against the config schema with each value the
@@ -70,6 +71,8 @@ class SweepSpec(_Strict):
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     smoke: SmokeSpec = Field(default_factory=SmokeSpec)
     name: str | None = None
+    # a failed trial is retried from its last checkpoint this many times
+    max_failures: int = Field(default=2, ge=0)
 
 
 def _bounds_values(key: str, dist: dict[str, Any]) -> list[Any]:

@@ -8,8 +8,11 @@ config is written as ``best_config.yaml``, which ``raycobo run`` accepts as is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
+import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,9 @@ REPORTED = ("mean_accuracy", "mean_loss", "w_within", "w_across")
 
 class TuneReporter(BaseCallback):
     """Reports every evaluation to Tune; ``round`` becomes the scheduler's time axis.
-    The sweep's metric is always present (NaN when a diverging run has no value)."""
+    The sweep's metric is always present (NaN when a diverging run has no value). When
+    the run wrote a checkpoint at this round, it goes with the report, so Tune can
+    restart the trial from it (a retry, or ``raycobo sweep --resume``)."""
 
     def __init__(self, metric: str):
         self.metric = metric
@@ -34,7 +39,31 @@ class TuneReporter(BaseCallback):
         report = {k: metrics[k] for k in REPORTED if metrics.get(k) is not None}
         report.setdefault(self.metric, float("nan"))
         report["round"] = round
-        tune.report(report)
+        if ctx.checkpoint is None or ctx.checkpoint[0] != round:
+            tune.report(report)
+            return
+        with tempfile.TemporaryDirectory(prefix="raycobo-ckpt-") as tmp:
+            path = ctx.checkpoint[1]
+            shutil.copy2(path, Path(tmp) / path.name)
+            tune.report(report, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+def _take_tune_checkpoint(out: Path) -> bool:
+    """A restarted trial: the checkpoint Tune hands back goes into the run directory's
+    checkpoints/. -> whether the trial continues a run (resume)."""
+    from ray import tune
+
+    from raycobo.checkpoint import list_checkpoints
+
+    given = tune.get_checkpoint()
+    if given is not None:
+        with given.as_directory() as d:
+            for _, path in list_checkpoints(Path(d)):
+                (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+                target = out / "checkpoints" / path.name
+                if not target.exists():
+                    shutil.copy2(path, target)
+    return (out / "config.yaml").is_file() or given is not None
 
 
 def trial(params: dict[str, Any]) -> None:
@@ -52,7 +81,7 @@ def trial(params: dict[str, Any]) -> None:
         name = f"{cfg.name}-trial-{tune.get_context().get_trial_id()}"
         callbacks.append(MLflowTracker(cfg.tracking, run_name=name, parent=params["__parent__"]))
     out = Path(tune.get_context().get_trial_dir()) / "run"
-    run_experiment(cfg, out, callbacks)
+    run_experiment(cfg, out, callbacks, resume=_take_tune_checkpoint(out))
 
 
 def _scheduler(spec: SweepSpec, base: Config):
@@ -128,10 +157,35 @@ def run_sweep(
 
     parent = None
     parent_id = None
+    state_file = root / "sweep_state.json"  # the parent MLflow run, for --resume
     if base.tracking.enabled:
         parent = MLflowTracker(base.tracking, run_name=name)
-        parent.on_run_start(RunContext(base, root))
+        pctx = RunContext(base, root)
+        if resume is not None and state_file.is_file():
+            pctx.resumed_mlflow_run_id = json.loads(state_file.read_text()).get("mlflow_parent")
+        parent.on_run_start(pctx)
         parent_id = parent.run_id
+    state_file.write_text(json.dumps({"mlflow_parent": parent_id}))
+    try:
+        summary = _fit(spec, base, root, name, samples, resume, parent_id, tune)
+    except BaseException as err:
+        if parent is not None:
+            status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+            with contextlib.suppress(Exception):
+                parent.on_run_end(RunContext(base, root), {"status": status})
+        raise
+    if parent is not None:
+        status = "interrupted" if summary["interrupted"] else "completed"
+        parent.on_run_end(RunContext(base, root), {"status": status})
+        if parent.enabled and parent.client is not None:
+            with contextlib.suppress(Exception):
+                parent.client.log_artifact(parent.run_id, str(root / "sweep_summary.json"))
+    summary["root"] = str(root)
+    return summary
+
+
+def _fit(spec, base, root: Path, name: str, samples: int, resume, parent_id, tune):
+    """Run (or restore) the Tuner; write best_config.yaml and sweep_summary.json."""
 
     # trials must find the sqlite store and artifacts whatever their working directory
     from raycobo.tracking.mlflow_tracker import resolve_uri
@@ -168,7 +222,7 @@ def run_sweep(
                 name="tune",
                 storage_path=str(root),
                 verbose=0,
-                failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+                failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             ),
         )
     results = tuner.fit()
@@ -211,15 +265,9 @@ def run_sweep(
         "best": best,
         "best_config": str(root / "best_config.yaml") if best else None,
         "mlflow_parent_run_id": parent_id,
+        # trials neither finished nor failed: Tune stopped (Ctrl-C) before they ended
+        "interrupted": results.num_terminated + results.num_errors < len(results),
         "trials": trials,
     }
     (root / "sweep_summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    if parent is not None:
-        parent.on_run_end(RunContext(base, root), {"status": "completed"})
-        if parent.enabled and parent.client is not None:
-            import contextlib
-
-            with contextlib.suppress(Exception):
-                parent.client.log_artifact(parent.run_id, str(root / "sweep_summary.json"))
-    summary["root"] = str(root)
     return summary

@@ -243,3 +243,23 @@ def test_augmentation_is_deterministic_and_preserves_shape():
     a, b = crop_flip(x, keys, pad=2), crop_flip(x, keys, pad=2)
     assert a.shape == x.shape and torch.equal(a, b)
     assert not torch.equal(a, x)
+
+
+class _Planted:
+    """A pickle that runs code when loaded by a plain pickle.load."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo planted > planted.txt",))
+
+
+def test_cifar_reader_refuses_a_pickle_that_runs_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_cifar(tmp_path, "cifar10")
+    bad = tmp_path / "cifar-10-batches-py" / "data_batch_3"
+    bad.write_bytes(pickle.dumps({"data": _Planted(), "labels": [0]}))
+    cfg = load_config(None, ["data.name=cifar10", f"data.root={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"data_batch_3 is not a CIFAR batch.*posix\.system"):
+        load_data(cfg)
+    assert not (tmp_path / "planted.txt").exists()

@@ -1,0 +1,245 @@
+"""The run's life cycle: checkpoints, resume, statuses, one writer, the failure path."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from raycobo import checkpoint as ckpt
+from raycobo.algorithms import ALGORITHMS
+from raycobo.callbacks import BaseCallback
+from raycobo.config import ConfigError, with_overrides
+from raycobo.experiment import RunFailed, resume_config, run_experiment
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class StopAt(BaseCallback):
+    """Raises ``exc`` at the end of round ``at`` (a crash or Ctrl-C mid-run)."""
+
+    def __init__(self, at: int, exc: BaseException):
+        self.at, self.exc = at, exc
+
+    def on_round_end(self, ctx, round, stats):
+        if round == self.at:
+            raise self.exc
+
+
+def _final_state(run_dir: Path) -> dict:
+    found = ckpt.latest_checkpoint(run_dir / "checkpoints")
+    assert found is not None
+    return ckpt.read_checkpoint(found[1])["algo_state"]
+
+
+def assert_trees_equal(a, b, where="state"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
+        assert torch.equal(a, b), f"{where}: max diff {(a.double() - b.double()).abs().max()}"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_trees_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_trees_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a} != {b}"
+
+
+def _digits(digits_cfg, name: str):
+    extra = {
+        "algorithm.name": name,
+        "rounds": 6,
+        "eval_every": 2,
+        "algorithm.ft_steps": 2,
+        "algorithm.prune_round": 2,
+        "algorithm.trust_every": 2,
+        "algorithm.sketch_dim": 100,
+    }
+    return with_overrides(digits_cfg(), extra)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, digits_cfg, name):
+    cfg = _digits(digits_cfg, name)
+    whole = run_experiment(cfg, tmp_path / "whole")
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "cut", [StopAt(3, KeyboardInterrupt())])
+    cut = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert cut["status"] == "interrupted" and cut["last_round"] == 3
+    assert cut["checkpoint"].endswith("round_000002.pt")
+    again = run_experiment(resume_config(tmp_path / "cut"), tmp_path / "cut", resume=True)
+    assert again.summary["resumed_from_round"] == 2
+    assert_trees_equal(_final_state(tmp_path / "whole"), _final_state(tmp_path / "cut"))
+    for key in ("mean_loss", "mean_accuracy", "clients", "collaboration", "megabytes_sent"):
+        assert again.summary[key] == whole.summary[key], key
+    strip = lambda h: [{k: v for k, v in r.items() if k != "wall"} for r in h]  # noqa: E731
+    assert strip(again.summary["history"]) == strip(whole.summary["history"])
+    for name_ in ("metrics.csv", "rounds.csv"):
+        assert (tmp_path / "cut" / name_).read_text() == (tmp_path / "whole" / name_).read_text()
+
+
+def test_resume_extends_a_finished_run(tmp_path, quad_cfg):
+    cfg = quad_cfg("rounds=10", "eval_every=5")
+    run_experiment(cfg, tmp_path / "a")
+    longer = run_experiment(
+        resume_config(tmp_path / "a", ["rounds=20"]), tmp_path / "a", resume=True
+    )
+    straight = run_experiment(quad_cfg("rounds=20", "eval_every=5"), tmp_path / "b")
+    assert longer.summary["resumed_from_round"] == 10 and longer.summary["rounds"] == 20
+    # the constant sampler does not depend on the total: the same numbers as 20 rounds
+    assert longer.summary["collaboration"] == straight.summary["collaboration"]
+    assert longer.summary["mean_loss"] == straight.summary["mean_loss"]
+
+
+def test_resume_refuses_other_overrides_and_finished_runs(tmp_path, quad_cfg):
+    run_experiment(quad_cfg("rounds=4"), tmp_path / "a")
+    with pytest.raises(ConfigError, match="cannot override 'algorithm.rho'"):
+        resume_config(tmp_path / "a", ["algorithm.rho=1"])
+    with pytest.raises(ConfigError, match="holds a finished run of 4 rounds"):
+        run_experiment(resume_config(tmp_path / "a"), tmp_path / "a", resume=True)
+    with pytest.raises(ConfigError, match="already holds a finished run"):
+        run_experiment(quad_cfg("rounds=4"), tmp_path / "a")
+    with pytest.raises(ConfigError, match="no config.yaml"):
+        resume_config(tmp_path / "nothing")
+
+
+def test_rerun_into_a_failed_run_points_to_resume(tmp_path, quad_cfg):
+    cfg = quad_cfg("rounds=10", "eval_every=2")
+    with pytest.raises(RunFailed):
+        run_experiment(cfg, tmp_path / "a", [StopAt(5, RuntimeError("boom"))])
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert s["status"] == "failed" and "boom" in s["error"] and s["last_round"] == 5
+    with pytest.raises(ConfigError, match=r"holds a failed run at round 5; .*--resume"):
+        run_experiment(cfg, tmp_path / "a")
+    res = run_experiment(resume_config(tmp_path / "a"), tmp_path / "a", resume=True)
+    assert res.summary["status"] == "completed" and res.summary["resumed_from_round"] == 4
+
+
+def test_checkpoint_schedule_and_keep(tmp_path, quad_cfg):
+    run_experiment(quad_cfg("rounds=9", "checkpoint.every=2", "checkpoint.keep=3"), tmp_path / "a")
+    rounds = [r for r, _ in ckpt.list_checkpoints(tmp_path / "a" / "checkpoints")]
+    assert rounds == [6, 8, 9]  # every 2nd round, the last one, the newest 3 kept
+    run_experiment(quad_cfg("rounds=9", "checkpoint.every=0"), tmp_path / "b")
+    assert ckpt.list_checkpoints(tmp_path / "b" / "checkpoints") == []
+    # only plain data inside: readable with weights_only=True
+    data = torch.load(tmp_path / "a" / "checkpoints" / "round_000009.pt", weights_only=True)
+    assert data["round"] == 9 and data["algo_state"]["__dataclass__"] == "CoBoState"
+
+
+def test_two_writers_on_one_directory(tmp_path, quad_cfg):
+    from raycobo.run_dir import RunDir, RunDirBusy
+
+    cfg = quad_cfg("rounds=4")
+    first = RunDir(tmp_path / "a", cfg)
+    first.open(resume=False)
+    try:
+        with pytest.raises(
+            RunDirBusy, match=rf"in use by another raycobo process \(pid {os.getpid()}\)"
+        ):
+            run_experiment(cfg, tmp_path / "a")
+    finally:
+        first.close()
+    # the directory is free again, and holds a run that never finished
+    with pytest.raises(ConfigError, match="holds a running run"):
+        run_experiment(cfg, tmp_path / "a")
+
+
+def test_full_disk_in_the_failure_path(tmp_path, quad_cfg, monkeypatch):
+    """The disk fills mid-run: the CSV write fails, the full summary does not fit, the
+    minimal one does; nothing in the failure path raises a second error."""
+    import raycobo.run_dir as rd
+
+    cfg = quad_cfg("rounds=10", "eval_every=2")
+    real_write = rd.atomic_write_text
+    state = {"full": False}
+
+    def write(path, text):
+        if state["full"] and len(text) > 400:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, text)
+
+    class FillDisk(BaseCallback):
+        def on_round_end(self, ctx, round, stats):
+            if round == 5:
+                state["full"] = True
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rd, "atomic_write_text", write)
+    with pytest.raises(RunFailed, match="No space left"):
+        run_experiment(cfg, tmp_path / "a", [FillDisk()])
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert s["status"] == "failed" and s["last_round"] == 5 and "history" not in s
+    assert s["checkpoint"].endswith("round_000004.pt")
+
+
+def test_run_and_variant_names_cannot_leave_the_output_root(quad_cfg):
+    with pytest.raises(ConfigError, match="invalid config key 'name'"):
+        quad_cfg("name=../../../x")
+    with pytest.raises(ConfigError, match="compare.variants"):
+        quad_cfg("compare.variants={'../up': {'algorithm.rho': 0.1}}")
+
+
+def _cli(*args, cwd):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "raycobo.cli", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_ends_a_run_interrupted_and_resume_finishes_it(tmp_path, sig):
+    """A real process: the signal after a checkpoint, exit 130, status interrupted with
+    CSVs consistent with last_round; --resume then gives the uninterrupted numbers."""
+    args = [
+        str(REPO / "examples" / "quickstart.yaml"),
+        "data.name=quadratic",
+        "rounds=4000",
+        "eval_every=50",
+        "--no-tracking",
+        "-q",
+    ]
+    proc = _cli("run", *args, "--out", "cut", cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while not ckpt.list_checkpoints(tmp_path / "cut" / "checkpoints"):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    s = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert s["status"] == "interrupted" and s["error"] == sig.name
+    last = s["last_round"]
+    rounds = (tmp_path / "cut" / "rounds.csv").read_text().splitlines()
+    assert int(rounds[-1].split(",")[0]) == last and len(rounds) == last + 1
+    if last < 4000:
+        resumed = _cli("run", "--resume", "cut", "--no-tracking", "-q", cwd=tmp_path)
+        out, err = resumed.communicate(timeout=120)
+        assert resumed.returncode == 0, err
+        assert "resumed from round" in out
+    whole = _cli("run", *args, "--out", "whole", cwd=tmp_path)
+    whole.communicate(timeout=120)
+    a = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    b = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    assert a["status"] == b["status"] == "completed"
+    assert a["mean_loss"] == b["mean_loss"] and a["collaboration"] == b["collaboration"]
+    assert np.array_equal(
+        np.load(tmp_path / "cut" / "collaboration.npy"),
+        np.load(tmp_path / "whole" / "collaboration.npy"),
+    )
