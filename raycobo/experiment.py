@@ -30,7 +30,7 @@ from raycobo.algorithms import build_algorithm, evaluate
 from raycobo.algorithms.base import Evaluation
 from raycobo.callbacks import Callback, RunContext
 from raycobo.config import Config, ConfigError, load_config, with_overrides
-from raycobo.run_dir import RunDir, read_summary
+from raycobo.run_dir import RunDir
 
 
 class RunFailed(RuntimeError):
@@ -200,7 +200,6 @@ def _run(cfg: Config, writer: RunDir, found, callbacks: list, progress: Any) -> 
     if cfg.engine.threads:
         torch.set_num_threads(cfg.engine.threads)
     ctx = RunContext(cfg, run_dir)
-    old = read_summary(run_dir) if found is not None else None
     start = time.perf_counter()
     rs: RunState | None = None
     observers: list[Any] = [writer, *callbacks]
@@ -210,9 +209,10 @@ def _run(cfg: Config, writer: RunDir, found, callbacks: list, progress: Any) -> 
         ctx.n_clients, ctx.clusters = ops.n_clients, list(ops.clusters)
         if found is not None:
             data = ckpt.read_checkpoint(found[1])
-            ctx.resumed_mlflow_run_id = data.get("mlflow_run_id") or (old or {}).get(
-                "mlflow_run_id"
-            )
+        # a resumed run continues its MLflow run (also when it had no checkpoint yet)
+        ctx.resumed_mlflow_run_id = (writer.previous or {}).get("mlflow_run_id") or (
+            data.get("mlflow_run_id") if found is not None else None
+        )
         for cb in callbacks:
             cb.on_run_start(ctx)
         template = algo.init(ops)

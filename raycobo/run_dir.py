@@ -132,6 +132,7 @@ class RunDir(BaseCallback):
         self._metrics: _CsvLog | None = None
         self._rounds: _CsvLog | None = None
         self.started = time.time()
+        self.previous: dict[str, Any] | None = None  # the summary found at open (resume)
 
     # -- life cycle ------------------------------------------------------------------------
     def open(self, resume: bool) -> tuple[int, Path] | None:
@@ -181,7 +182,7 @@ class RunDir(BaseCallback):
         self._lock = f
 
     def _check(self, resume: bool) -> tuple[int, Path] | None:
-        old = read_summary(self.path)
+        old = self.previous = read_summary(self.path)
         status = old.get("status") if old else None
         if not resume:
             if status == "completed":
@@ -286,6 +287,7 @@ class RunDir(BaseCallback):
             "last_round": last_round,
             **self.identity(),
             "checkpoint": str(latest) if latest is not None else None,
+            "mlflow_run_id": extra.get("mlflow_run_id"),
         }
         try:
             self.write_summary(minimal)

@@ -80,3 +80,24 @@ def ray_matches_local(cfg, rounds: int, atol: float = 1e-5, rtol: float = 1e-4, 
             continue
         assert_close(r.cpu(), ref, atol=atol, rtol=rtol, msg=lambda m, n=name: f"{n}: {m}")
     return local, report
+
+
+class StopAt:
+    """A run callback that raises ``exc`` at the end of round ``at`` (a crash or a
+    Ctrl-C mid-run)."""
+
+    def __init__(self, at: int, exc: BaseException):
+        self.at, self.exc = at, exc
+
+    def on_run_start(self, ctx):
+        pass
+
+    def on_round_end(self, ctx, round, stats):
+        if round == self.at:
+            raise self.exc
+
+    def on_eval(self, ctx, round, metrics):
+        pass
+
+    def on_run_end(self, ctx, summary):
+        pass

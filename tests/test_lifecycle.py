@@ -20,19 +20,9 @@ from raycobo.algorithms import ALGORITHMS
 from raycobo.callbacks import BaseCallback
 from raycobo.config import ConfigError, with_overrides
 from raycobo.experiment import RunFailed, resume_config, run_experiment
+from tests.helpers import StopAt
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class StopAt(BaseCallback):
-    """Raises ``exc`` at the end of round ``at`` (a crash or Ctrl-C mid-run)."""
-
-    def __init__(self, at: int, exc: BaseException):
-        self.at, self.exc = at, exc
-
-    def on_round_end(self, ctx, round, stats):
-        if round == self.at:
-            raise self.exc
 
 
 def _final_state(run_dir: Path) -> dict:

@@ -184,6 +184,16 @@ def run_sweep(
     return summary
 
 
+def _unfinished_trials(path: Path) -> int:
+    """Trials of the saved experiment state that neither ended nor failed. (After a
+    Ctrl-C, Tune's live results call the stopped trials terminated; its saved state,
+    which --resume reads, keeps them pending.)"""
+    from ray.tune import ExperimentAnalysis
+
+    trials = ExperimentAnalysis(str(path)).trials
+    return sum(t.status not in ("TERMINATED", "ERROR") for t in trials)
+
+
 def _fit(spec, base, root: Path, name: str, samples: int, resume, parent_id, tune):
     """Run (or restore) the Tuner; write best_config.yaml and sweep_summary.json."""
 
@@ -223,6 +233,7 @@ def _fit(spec, base, root: Path, name: str, samples: int, resume, parent_id, tun
                 storage_path=str(root),
                 verbose=0,
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=base.checkpoint.keep),
             ),
         )
     results = tuner.fit()
@@ -266,7 +277,7 @@ def _fit(spec, base, root: Path, name: str, samples: int, resume, parent_id, tun
         "best_config": str(root / "best_config.yaml") if best else None,
         "mlflow_parent_run_id": parent_id,
         # trials neither finished nor failed: Tune stopped (Ctrl-C) before they ended
-        "interrupted": results.num_terminated + results.num_errors < len(results),
+        "interrupted": _unfinished_trials(root / "tune") > 0,
         "trials": trials,
     }
     (root / "sweep_summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -336,3 +336,32 @@ def test_host_resident_needs_cobo(quad_cfg_module):
     cfg = with_overrides(quad_cfg_module, {"algorithm.name": "fedavg", "engine.resident": True})
     with pytest.raises(ConfigError, match="engine.resident"):
         RayRun(cfg, 5)
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_interrupted_ray_run_resumes_to_the_uninterrupted_numbers(
+    ray_2_cpus_2_fake_gpus, quad_cfg_module, tmp_path, resident
+):
+    """A checkpoint of the Ray engine holds the coordinator's state (resident hosts hand
+    over their models); resuming from it ends where an uninterrupted run ends."""
+    import json
+
+    from raycobo.experiment import resume_config, run_experiment
+    from tests.helpers import StopAt
+
+    cfg = with_overrides(
+        quad_cfg_module,
+        {"algorithm.name": "cobo", "engine.resident": resident, "rounds": 8, "eval_every": 3},
+    )
+    whole = run_experiment(cfg, tmp_path / "whole")
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "cut", [StopAt(5, KeyboardInterrupt())])
+    cut = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert cut["status"] == "interrupted" and cut["last_round"] == 5
+    again = run_experiment(resume_config(tmp_path / "cut"), tmp_path / "cut", resume=True)
+    assert again.summary["resumed_from_round"] == 3
+    assert_close(
+        torch.tensor(again.summary["collaboration"]), torch.tensor(whole.summary["collaboration"])
+    )
+    for a, b in zip(again.summary["clients"], whole.summary["clients"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)

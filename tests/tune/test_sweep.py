@@ -139,3 +139,47 @@ def test_a_sweep_can_be_resumed_from_its_directory(tmp_path):
     assert again["best"]["config"] == first["best"]["config"]
     res = CliRunner().invoke(app, [*base, "--resume", str(tmp_path / "nothing")])
     assert res.exit_code != 0 and "nothing to resume" in res.stderr
+
+
+def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(tmp_path):
+    """Ctrl-C on the sweep's driver once the trials have reported checkpoints: exit 130
+    and a pointer to --resume; the resumed trials continue from their checkpoints (not
+    from round 0) and end with the numbers of an uninterrupted run of the same config."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from raycobo.experiment import run_experiment
+
+    space = SPACE.replace("rounds: 40", "rounds: 3000").replace("eval_every: 10", "eval_every: 100")
+    path = tmp_path / "space.yaml"
+    path.write_text(space.format(space="  algorithm.rho: {grid: [0.05, 0.1]}"))
+    out = tmp_path / "sw"
+    cmd = [sys.executable, "-m", "raycobo.cli", "sweep", str(path), "tracking.enabled=false"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while len({p.parent for p in out.glob("tune/*/checkpoint_*")}) < 2:  # both trials
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "--resume" in err, err
+    res = subprocess.run(
+        [*cmd, "--resume", str(out)], capture_output=True, text=True, timeout=300, env=os.environ
+    )
+    assert res.returncode == 0, res.stderr
+    runs = [json.loads(p.read_text()) for p in out.glob("tune/*/run/summary.json")]
+    assert len(runs) == 2 and all(r["status"] == "completed" for r in runs)
+    assert all(r["resumed_from_round"] and r["resumed_from_round"] > 0 for r in runs), runs
+    summary = json.loads((out / "sweep_summary.json").read_text())
+    assert summary["num_trials"] == 2 and summary["failed"] == 0
+    # the same numbers as the trial's config run straight through
+    best = load_config(out / "best_config.yaml")
+    straight = run_experiment(best, tmp_path / "straight")
+    assert straight.summary["mean_loss"] == pytest.approx(
+        summary["best"]["metrics"]["mean_loss"], rel=1e-6
+    )
