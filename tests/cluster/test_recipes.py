@@ -1,13 +1,41 @@
-"""Cluster recipes parse and carry the keys Ray's launcher requires (no SSH here)."""
+"""Cluster recipes pass Ray's own checks (what `ray up` runs before it connects to any
+machine) and carry what raycobo needs on the nodes (no SSH or cloud account here)."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+RECIPES = sorted((ROOT / "cluster").glob("*.yaml"))
+
+
+def test_recipes_are_found():
+    assert {p.name for p in RECIPES} >= {"cluster.yaml", "local.yaml"}
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_passes_ray_up_validation(path):
+    """`ray up` first merges the provider's defaults (prepare_config) and then checks the
+    result against the autoscaler's JSON schema (validate_config); for the local provider
+    the whole bootstrap up to the first SSH connection runs offline."""
+    import copy
+
+    pytest.importorskip("jsonschema")
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    raw = yaml.safe_load(path.read_text())
+    validate_config(prepare_config(copy.deepcopy(raw)))
+    if raw["provider"]["type"] == "local":
+        from ray.autoscaler._private.commands import _bootstrap_config
+
+        done = _bootstrap_config(copy.deepcopy(raw), no_config_cache=True)
+        assert done["available_node_types"]["local.cluster.node"]["min_workers"] == len(
+            raw["provider"]["worker_ips"]
+        )
 
 
 def load(name: str) -> dict:
