@@ -8,7 +8,7 @@ raise :class:`ConfigError` with a one-line message naming the key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -204,8 +204,9 @@ class EngineConfig(_Section):
     device: str = "cpu"
     chunk_size: int = Field(default=4096, ge=1, description="max clients per batched call")
     gpus_per_client: float = Field(default=0.0, ge=0)
-    clients_per_actor: int = Field(default=1, ge=1)
-    cpus_per_actor: float = Field(default=1.0, ge=0)
+    # auto: sized to the Ray instance (about one host per CPU, its CPUs shared out)
+    clients_per_actor: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    cpus_per_actor: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
     address: str | None = None
     threads: int | None = Field(default=None, ge=1)
     # ray: local instance (when no address), fault tolerance, straggler injection
@@ -327,7 +328,8 @@ class Config(_Section):
 
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
+    # union members add tags such as 'constrained-int' or "literal['auto']" to the path
+    loc = ".".join(str(p) for p in first["loc"] if not any(c in str(p) for c in "-['("))
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{loc}'"

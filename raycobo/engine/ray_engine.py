@@ -23,6 +23,7 @@ the same config gives the same numbers as the local engine.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ import torch
 
 from raycobo import rng
 from raycobo.algorithms.base import Evaluation
-from raycobo.config import Config
+from raycobo.config import Config, with_overrides
 
 
 def start_ray(cfg: Config) -> None:
@@ -52,6 +53,9 @@ def start_ray(cfg: Config) -> None:
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # loopback node address
     ray.init(
+        # always a new instance of our own, even where `ray start` left a cluster's address
+        # behind (/tmp/ray/ray_current_cluster): engine.address joins clusters
+        address="local",
         include_dashboard=cfg.engine.dashboard,
         num_cpus=cfg.engine.num_cpus,
         num_gpus=cfg.engine.num_gpus,
@@ -64,6 +68,121 @@ def start_ray(cfg: Config) -> None:
 def host_layout(n: int, per_actor: int) -> list[list[int]]:
     """Contiguous blocks of client ids, one per host."""
     return [list(range(a, min(n, a + per_actor))) for a in range(0, n, per_actor)]
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """How the clients are spread over host actors, and what each host asks Ray for."""
+
+    clients_per_actor: int
+    cpus_per_actor: float
+    hosts: int
+    gpus_per_client: float
+
+    def asks(self) -> str:
+        gpu = self.gpus_per_client * self.clients_per_actor
+        return f"{self.hosts} hosts x {{CPU: {self.cpus_per_actor:g}, GPU: {gpu:g}}}"
+
+
+def _layout_keys(e) -> str:
+    return (
+        f"engine.clients_per_actor={e.clients_per_actor}, "
+        f"engine.cpus_per_actor={e.cpus_per_actor}, engine.gpus_per_client={e.gpus_per_client}"
+    )
+
+
+def plan_hosts(
+    e, n: int, total: dict[str, float], node_max: dict[str, float], fixed: bool = True
+) -> HostPlan:
+    """Resolve ``auto`` and check the layout against the Ray instance's resources (total
+    and on its largest node). ``fixed``: a local instance, which gets no new nodes, so a
+    layout that cannot be placed is refused now instead of waited for.
+
+    auto: about one host per CPU (at most one per client), the CPUs shared out evenly;
+    with explicit ``clients_per_actor`` the CPUs are shared among its hosts (a fraction
+    each when there are more hosts than CPUs)."""
+    from raycobo.config import ConfigError
+
+    cpus, gpus = float(total.get("CPU", 0.0)), float(total.get("GPU", 0.0))
+    k = e.clients_per_actor
+    c = e.cpus_per_actor
+    if k == "auto":
+        if c == "auto" or c == 0:
+            hosts = min(n, max(1, int(cpus)))
+        else:
+            hosts = min(n, max(1, int(cpus // c))) if fixed else n
+        k = math.ceil(n / hosts)
+    hosts = math.ceil(n / k)
+    if c == "auto":
+        c = float(cpus // hosts) if cpus >= hosts else round(cpus / hosts, 4)
+        c = max(c, 0.0)
+    plan = HostPlan(int(k), float(c), hosts, e.gpus_per_client)
+    if not fixed:
+        return plan
+    gpu_host = e.gpus_per_client * plan.clients_per_actor
+    need_cpu, need_gpu = plan.hosts * plan.cpus_per_actor, e.gpus_per_client * n
+    short = None
+    if gpu_host > 0 and gpus == 0:
+        short = "GPUs, and this Ray instance has none (engine.num_gpus declares them)"
+    elif need_gpu > gpus + 1e-9 or gpu_host > node_max.get("GPU", 0.0) + 1e-9:
+        short = f"{need_gpu:g} GPUs ({gpu_host:g} per host); this Ray instance has {gpus:g}"
+    elif need_cpu > cpus + 1e-9 or plan.cpus_per_actor > node_max.get("CPU", 0.0) + 1e-9:
+        short = f"{need_cpu:g} CPUs; this Ray instance has {cpus:g}"
+    if short is not None:
+        raise ConfigError(
+            f"invalid config key 'engine': {_layout_keys(e)} ask for {plan.asks()} = {short}"
+            " (leave clients_per_actor/cpus_per_actor at auto, or change them)"
+        )
+    return plan
+
+
+def instance_resources() -> tuple[dict[str, float], dict[str, float]]:
+    """(total, largest node) resources of the Ray instance this process is connected to."""
+    import ray
+
+    total = {k: float(v) for k, v in ray.cluster_resources().items()}
+    node_max: dict[str, float] = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            for k, v in node.get("Resources", {}).items():
+                node_max[k] = max(node_max.get(k, 0.0), float(v))
+    return total, node_max
+
+
+def wait_for_hosts(refs: list, plan: HostPlan, e, echo=None, every_s: float = 10.0) -> list:
+    """Wait for every host's first answer (placed, data loaded), saying what is still
+    pending every ``every_s`` seconds; after ``engine.timeout_s`` stop with one line."""
+    import sys
+
+    import ray
+
+    echo = echo or (lambda msg: print(msg, file=sys.stderr))
+    start = time.monotonic()
+    pending = list(refs)
+    while pending:
+        left = e.timeout_s - (time.monotonic() - start)
+        if left <= 0:
+            from raycobo.config import ConfigError
+
+            avail = {
+                k: round(v, 3) for k, v in ray.available_resources().items() if k in ("CPU", "GPU")
+            }
+            raise ConfigError(
+                f"invalid config key 'engine': {len(pending)} of {plan.hosts} hosts not started "
+                f"within engine.timeout_s={e.timeout_s:g} s; {_layout_keys(e)} ask for "
+                f"{plan.asks()}, the cluster has {avail} available"
+            )
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(every_s, left))
+        if pending:
+            avail = {
+                k: round(v, 3) for k, v in ray.available_resources().items() if k in ("CPU", "GPU")
+            }
+            echo(
+                f"raycobo: waiting for {len(pending)} of {plan.hosts} client hosts to start "
+                f"({plan.asks()}; available {avail}; "
+                f"{time.monotonic() - start:.0f} s of engine.timeout_s={e.timeout_s:g})"
+            )
+    return ray.get(refs)
 
 
 def _addresses(sources: list[int], hosts: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
@@ -97,11 +216,13 @@ class ClientHostImpl:
         self.slow_s = slow_s
         self.device = "cpu"
         self.gpu_ids: list = []
+        self.node_id: str | None = None
         try:
             import ray
 
             if ray.is_initialized():
                 self.gpu_ids = list(ray.get_gpu_ids())
+                self.node_id = ray.get_runtime_context().get_node_id()
         except Exception:  # noqa: BLE001 - outside an actor
             pass
         if self.gpu_ids and torch.cuda.is_available():
@@ -235,6 +356,7 @@ class ClientHostImpl:
             "device": self.device,
             "gpu_ids": self.gpu_ids,
             "pid": os.getpid(),
+            "node": self.node_id,
         }
 
     def initial_params(self) -> tuple[torch.Tensor, float]:
@@ -333,6 +455,7 @@ class RayClientOps:
         self.clusters = [c for i in infos for c in i["clusters"]]
         self.host_devices = [i["device"] for i in infos]
         self.host_gpu_ids = [i["gpu_ids"] for i in infos]
+        self.host_nodes = [i["node"] for i in infos]
         self.device = torch.device("cpu")
         self.coordination_s = 0.0
         self.wait_s = 0.0
@@ -374,8 +497,34 @@ class RayClientOps:
                 self.dead |= set(failed)
                 raise HostsLost(sorted(c for h in failed for c in self.layout[h]))
             pending = failed
-            time.sleep(min(2.0, 0.2 * (attempt + 1)))
+            self.await_restart(list(failed))
         raise RuntimeError(f"client hosts {sorted(pending)} failed {self.retries + 1} times")
+
+    RESTART_WAIT_S = 120.0  # Ray notices a lost node after ~15 s, then places the actor
+
+    def await_restart(self, hosts: list[int]) -> None:
+        """Wait until Ray has restarted ``hosts``: a lost node is noticed by Ray's health
+        checks only after some seconds, then the actor is placed elsewhere and loads its
+        data again. Bounded by min(engine.timeout_s, RESTART_WAIT_S); a host that does
+        not answer by then (restarts used up, no room left) stops the run."""
+        from ray.exceptions import GetTimeoutError
+
+        bound = min(self.timeout_s, self.RESTART_WAIT_S)
+        deadline = time.monotonic() + bound
+        for h in hosts:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(
+                        f"client host {h} (clients {self.layout[h][0]}..{self.layout[h][-1]}) "
+                        f"was not restarted within {bound:g} s (engine.max_restarts, "
+                        "engine.timeout_s, room on the live nodes)"
+                    )
+                try:
+                    self.ray.get(self.hosts[h].info.remote(), timeout=min(left, 10.0))
+                    break
+                except (*_actor_lost(), GetTimeoutError):
+                    time.sleep(0.5)
 
     def _split(self, clients: torch.Tensor, *arrays: torch.Tensor):
         clients = clients.cpu()
@@ -589,6 +738,7 @@ class CoordinatorImpl:
             "clusters": self.ops.clusters,
             "host_devices": self.ops.host_devices,
             "host_gpu_ids": self.ops.host_gpu_ids,
+            "host_nodes": self.ops.host_nodes,
         }
 
     def round(self, t: int) -> dict[str, float]:
@@ -1003,8 +1153,18 @@ class RayRun:
                 "a dense W (algorithm.weights) and engine.staleness=0"
             )
         start_ray(cfg)
-        self.cfg = cfg
         n = n_clients
+        total, node_max = instance_resources()
+        self.plan = plan_hosts(e, n, total, node_max, fixed=cfg.engine.address is None)
+        cfg = with_overrides(
+            cfg,
+            {
+                "engine.clients_per_actor": self.plan.clients_per_actor,
+                "engine.cpus_per_actor": self.plan.cpus_per_actor,
+            },
+        )
+        e = cfg.engine
+        self.cfg = cfg
         self.layout = host_layout(n, e.clients_per_actor)
         cfg_dict = cfg.to_dict()
         Host = ray.remote(ClientHostImpl)
@@ -1021,15 +1181,27 @@ class RayRun:
                     name=None,
                 ).remote(cfg_dict, block, slow)
             )
+        try:  # every host placed and its data loaded, or one line saying what is missing
+            wait_for_hosts([h.info.remote() for h in self.hosts], self.plan, e)
+        except BaseException:
+            self.close(coordinator=False)
+            raise
         Coord = ray.remote(CoordinatorImpl)
         # The coordinator's math (W updates, penalties) is light next to the hosts'
         # forward/backward passes; it reserves no CPU so hosts can take them all.
-        self.coordinator = Coord.options(num_cpus=0).remote(cfg_dict, self.hosts, self.layout)
+        # It lives on the driver's node: a run outlives the loss of any other node.
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        self.coordinator = Coord.options(num_cpus=0, scheduling_strategy=here).remote(
+            cfg_dict, self.hosts, self.layout
+        )
         info = ray.get(self.coordinator.setup.remote(), timeout=e.timeout_s)
         self.n_clients = info["n_clients"]
         self.clusters = info["clusters"]
         self.host_devices = info["host_devices"]
         self.host_gpu_ids = info["host_gpu_ids"]
+        self.host_nodes = info["host_nodes"]
         self.device = torch.device("cpu")
         self.name = cfg.algorithm.name
         from raycobo.algorithms import ALGORITHMS
@@ -1084,13 +1256,15 @@ class RayRun:
             "clients_per_actor": self.cfg.engine.clients_per_actor,
             "host_devices": self.host_devices,
             "host_gpu_ids": self.host_gpu_ids,
+            "host_nodes": self.host_nodes,
+            "cpus_per_actor": self.cfg.engine.cpus_per_actor,
             **rep,
         }
 
-    def close(self) -> None:
+    def close(self, coordinator: bool = True) -> None:
         import ray
 
-        for actor in [self.coordinator, *self.hosts]:
+        for actor in [self.coordinator, *self.hosts] if coordinator else self.hosts:
             ray.kill(actor, no_restart=True)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import shutil
 import tempfile
 from datetime import datetime
@@ -111,19 +110,25 @@ def _search(spec: SweepSpec):
     return None  # Tune's default generator: random sampling and grid expansion
 
 
+def _trial_plan(spec: SweepSpec, base: Config):
+    """The host layout of a trial on the Ray engine; ``auto`` is sized to the trial's own
+    resources (``resources.cpu`` CPUs for its hosts), not to the whole instance."""
+    from raycobo.engine.ray_engine import plan_hosts
+
+    n = sum(base.data.partition.cluster_sizes())
+    own = {"CPU": max(1.0, spec.resources.cpu), "GPU": spec.resources.gpu}
+    return plan_hosts(base.engine, n, own, own, fixed=False)
+
+
 def _resources(spec: SweepSpec, base: Config):
     from ray import tune
 
     if base.engine.kind != "ray":
         return {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
     # a trial on the Ray engine: one bundle for the trial, one per client host
-    n = sum(base.data.partition.cluster_sizes())
-    hosts = math.ceil(n / base.engine.clients_per_actor)
-    per_host = {
-        "CPU": base.engine.cpus_per_actor,
-        "GPU": base.engine.gpus_per_client * base.engine.clients_per_actor,
-    }
-    bundles = [{"CPU": spec.resources.cpu, "GPU": spec.resources.gpu}] + [per_host] * hosts
+    plan = _trial_plan(spec, base)
+    per_host = {"CPU": plan.cpus_per_actor, "GPU": plan.gpus_per_client * plan.clients_per_actor}
+    bundles = [{"CPU": spec.resources.cpu, "GPU": spec.resources.gpu}] + [per_host] * plan.hosts
     return tune.PlacementGroupFactory(bundles)
 
 
@@ -209,6 +214,15 @@ def _fit(spec, base, root: Path, name: str, samples: int, resume, parent_id, tun
             else base.tracking.artifact_root,
         },
     )
+    if base.engine.kind == "ray":  # trials place exactly the hosts their bundles hold
+        plan = _trial_plan(spec, base)
+        base = with_overrides(
+            base,
+            {
+                "engine.clients_per_actor": plan.clients_per_actor,
+                "engine.cpus_per_actor": plan.cpus_per_actor,
+            },
+        )
     trainable = tune.with_resources(trial, _resources(spec, base))
     if resume is not None:
         tuner = tune.Tuner.restore(str(root / "tune"), trainable=trainable, resume_errored=True)

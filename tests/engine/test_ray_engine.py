@@ -365,3 +365,73 @@ def test_interrupted_ray_run_resumes_to_the_uninterrupted_numbers(
     )
     for a, b in zip(again.summary["clients"], whole.summary["clients"], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+
+
+def test_default_layout_fits_the_instance(ray_2_cpus_2_fake_gpus, quad_cfg_module):
+    """engine: {kind: ray} with every layout key at its default, 7 clients, 2 CPUs: the
+    hosts are sized to the instance (2 hosts x 1 CPU) and the run equals the local one."""
+    cfg = with_overrides(
+        quad_cfg_module,
+        {
+            "data.partition.clients_per_cluster": [3, 2, 2],
+            "engine.clients_per_actor": "auto",
+            "engine.cpus_per_actor": "auto",
+            "algorithm.name": "cobo",
+        },
+    )
+    _, report = ray_matches_local(cfg, 3)
+    assert report["hosts"] == 2 and report["clients_per_actor"] == 4
+    assert report["cpus_per_actor"] == 1.0
+    assert len(report["host_nodes"]) == 2 and all(report["host_nodes"])
+
+
+@pytest.mark.parametrize(
+    ("over", "needle"),
+    [
+        # 7 hosts x 1 CPU on 2 CPUs
+        ({"engine.clients_per_actor": 1, "engine.cpus_per_actor": 1}, "= 7 CPUs; this Ray"),
+        # 2 GPUs per client, 2 (fake) GPUs in the instance
+        ({"engine.gpus_per_client": 2}, "14 GPUs"),
+        # one host would need 3 CPUs, the instance has 2
+        ({"engine.clients_per_actor": 7, "engine.cpus_per_actor": 3}, "3 CPUs"),
+    ],
+)
+def test_a_layout_that_cannot_be_placed_stops_at_once(
+    ray_2_cpus_2_fake_gpus, quad_cfg_module, over, needle
+):
+    import time
+
+    from raycobo.config import ConfigError
+
+    cfg = with_overrides(quad_cfg_module, {"data.partition.clients_per_cluster": [3, 2, 2], **over})
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="invalid config key 'engine'") as info:
+        RayRun(cfg, 7)
+    assert needle in str(info.value) and "engine.clients_per_actor" in str(info.value)
+    assert time.monotonic() - t0 < 30
+
+
+def test_plan_hosts_auto_and_explicit():
+    from raycobo.config import ConfigError, load_config
+    from raycobo.engine.ray_engine import plan_hosts
+
+    def plan(n, cpus, gpus=0.0, fixed=True, **keys):
+        e = load_config(None, [f"engine.{k}={v}" for k, v in keys.items()]).engine
+        res = {"CPU": cpus, "GPU": gpus}
+        return plan_hosts(e, n, res, res, fixed=fixed)
+
+    p = plan(80, 16)
+    assert (p.hosts, p.clients_per_actor, p.cpus_per_actor) == (16, 5, 1.0)
+    p = plan(8, 16)
+    assert (p.hosts, p.clients_per_actor, p.cpus_per_actor) == (8, 1, 2.0)
+    p = plan(7, 2, clients_per_actor=1)  # more hosts than CPUs: a share each
+    assert (p.hosts, p.cpus_per_actor) == (7, round(2 / 7, 4))
+    p = plan(80, 16, cpus_per_actor=4)
+    assert (p.hosts, p.clients_per_actor) == (4, 20)
+    p = plan(80, 2, 1.0, gpus_per_client=0.0125)
+    assert p.gpus_per_client * p.clients_per_actor <= 1.0
+    with pytest.raises(ConfigError, match="has none"):
+        plan(4, 2, 0.0, gpus_per_client=0.5)
+    # a cluster (engine.address) may grow: no refusal, the wait reports instead
+    p = plan(7, 2, fixed=False, clients_per_actor=1, cpus_per_actor=1)
+    assert (p.hosts, p.cpus_per_actor) == (7, 1.0)
