@@ -378,21 +378,33 @@ app.add_typer(bench_app, name="bench")
 
 @bench_app.command("engine")
 def bench_engine_cmd(
-    clients: Annotated[str, typer.Option(help="comma-separated client counts")] = "8,40,80,320",
-    rounds: Annotated[int, typer.Option(help="timed rounds per measurement")] = 20,
+    models: Annotated[str, typer.Option("--model", help="comma-separated models")] = "mlp,cnn",
+    clients: Annotated[str, typer.Option(help="comma-separated client counts")] = "8,40,80",
+    algorithms: Annotated[str, typer.Option(help="comma-separated: cobo, fedavg")] = "cobo",
+    rounds: Annotated[int, typer.Option(help="timed rounds per measurement")] = 5,
     batch_size: Annotated[int, typer.Option()] = 32,
     threads: Threads = None,
     out: Out = None,
     debug: Debug = False,
 ) -> None:
-    """FedAvg and CoBo rounds: vectorized engine vs a plain per-client PyTorch loop."""
+    """The local engine (its automatic strategy) vs the per-client loop: time per round
+    and peak memory, per model and n (each measured in a fresh process)."""
 
     def go():
-        from raycobo.bench import bench_engine
+        from raycobo.bench.engine import SHAPES, as_markdown, bench_engine
 
-        _set_threads(threads)
+        names = [m.strip() for m in models.split(",") if m.strip()]
+        bad = [m for m in names if m not in SHAPES]
+        if bad:
+            raise ConfigError(
+                f"--model: unknown model '{bad[0]}' (choose from {', '.join(SHAPES)})"
+            )
+        algos = [a.strip() for a in algorithms.split(",") if a.strip()]
+        if any(a not in ("cobo", "fedavg") for a in algos):
+            raise ConfigError(f"--algorithms must be cobo and/or fedavg, got '{algorithms}'")
         ns = _int_list(clients, "--clients")
-        bench_engine(ns, rounds, batch_size, out, echo=typer.echo)
+        rows = bench_engine(names, ns, rounds, batch_size, out, typer.echo, algos, threads)
+        typer.echo(as_markdown(rows))
         if out is not None:
             typer.echo(f"wrote {out}/bench_engine.csv")
 

@@ -134,7 +134,9 @@ class AlgorithmConfig(_Section):
     lr: float = Field(default=0.1, gt=0, description="eta: model step size")
     local_steps: int = Field(default=1, ge=1)
     # CoBo (paper Eq. 1-3)
-    rho: float = Field(default=0.3, ge=0, description="penalty strength")
+    # penalty strength; auto: 0.3, lowered as 1 / (lr n) where the box domain's W^0 = 1
+    # would make the penalty step unstable (see CoBo.penalty)
+    rho: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
     gamma: float = Field(default=0.1, gt=0, description="W step size")
     sampling: Sampling = "constant"
     domain: Domain = "box"
@@ -203,6 +205,11 @@ class EngineConfig(_Section):
     kind: Literal["local", "loop", "ray"] = "local"
     device: str = "cpu"
     chunk_size: int = Field(default=4096, ge=1, description="max clients per batched call")
+    # how client batches execute (local engine and Ray hosts): auto (loop for conv nets on
+    # a CPU, else memory-bounded chunks), vmap (all rows at once), chunked, loop
+    strategy: Literal["auto", "vmap", "chunked", "loop"] = "auto"
+    # memory the batched calls may take (GiB); null: half of what is available
+    memory_gb: float | None = Field(default=None, gt=0)
     gpus_per_client: float = Field(default=0.0, ge=0)
     # auto: sized to the Ray instance (about one host per CPU, its CPUs shared out)
     clients_per_actor: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"

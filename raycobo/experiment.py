@@ -374,6 +374,9 @@ def _final_summary(cfg, algo, ops, ctx, rs: RunState, found, start) -> dict[str,
     }
     if extras is not None:
         summary["engine_report"] = extras
+    execution = getattr(ops, "execution", None)  # the local engine's strategy and chunks
+    if execution is not None:
+        summary["execution"] = execution.as_dict()
     return summary
 
 

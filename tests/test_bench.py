@@ -8,17 +8,21 @@ from raycobo.cli import app
 
 
 def test_bench_engine_and_scaling_write_their_outputs(tmp_path):
-    res = CliRunner().invoke(
-        app, ["bench", "engine", "--clients", "4", "--rounds", "2", "--out", str(tmp_path / "e")]
-    )
+    args = ["bench", "engine", "--model", "mlp,cnn", "--clients", "4", "--rounds", "1"]
+    args += ["--algorithms", "cobo,fedavg", "--out", str(tmp_path / "e")]
+    res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     rows = list(csv.DictReader((tmp_path / "e" / "bench_engine.csv").open()))
-    assert {(r["algorithm"], r["engine"]) for r in rows} == {
-        ("fedavg", "vectorized"),
-        ("fedavg", "plain-loop"),
-        ("cobo", "vectorized"),
-        ("cobo", "plain-loop"),
+    assert {(r["model"], r["algorithm"], r["engine"]) for r in rows} == {
+        (m, a, e) for m in ("mlp", "cnn") for a in ("cobo", "fedavg") for e in ("local", "loop")
     }
+    # the strategy the local engine chose on this CPU, and each measurement's own peak
+    chosen = {(r["model"], r["engine"]): r["strategy"] for r in rows}
+    assert chosen[("cnn", "local")] == "loop" and chosen[("mlp", "local")] == "chunked"
+    assert all(float(r["peak_mib"]) > 0 for r in rows)
+    assert "| mlp | 4 | cobo |" in res.output
+    bad = CliRunner().invoke(app, ["bench", "engine", "--model", "vgg"])
+    assert bad.exit_code == 2 and "--model" in bad.stderr
     res = CliRunner().invoke(
         app,
         [

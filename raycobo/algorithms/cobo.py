@@ -145,6 +145,27 @@ class CoBo:
         self.rounds = rounds
         self.seed = seed
 
+    def penalty(self, n: int) -> float:
+        """rho for n clients. Eq. (2) sums rho * w_ij (x_i - x_j) over all j, and with the
+        box domain's W^0 = 1 the penalty step alone is x <- (I - lr rho L) x with L the
+        complete graph's Laplacian (eigenvalue n): it diverges once lr * rho * n >= 2.
+        ``auto`` keeps the paper's rho = 0.3 for small n and lowers it to 1 / (lr n) (a
+        contraction without oscillation) as n grows; the simplex domain's rows sum to 1,
+        so there rho needs no scaling. An explicit rho beyond the bound is refused."""
+        c = self.cfg
+        if c.domain == "simplex":
+            return 0.3 if c.rho == "auto" else float(c.rho)
+        if c.rho == "auto":
+            return min(0.3, 1.0 / (c.lr * max(n, 1)))
+        if c.lr * c.rho * n >= 2.0:
+            raise ConfigError(
+                f"invalid config key 'algorithm.rho': algorithm.lr * algorithm.rho * n = "
+                f"{c.lr:g} * {c.rho:g} * {n} = {c.lr * c.rho * n:.3g} >= 2, so the penalty "
+                "step diverges while W = 1 (box domain); lower them, or use rho: auto "
+                f"(here {min(0.3, 1.0 / (c.lr * n)):.3g})"
+            )
+        return float(c.rho)
+
     def sampler(self, n: int) -> EdgeSampler:
         c = self.cfg
         return EdgeSampler(
@@ -154,6 +175,7 @@ class CoBo:
     def init(self, ops: ClientOps) -> CoBoState:
         X = ops.initial_params().expand(ops.n_clients, -1).clone()  # x_i^0 = x^0
         n, c = ops.n_clients, self.cfg
+        self.penalty(n)  # an explicit rho beyond the stability bound stops here
         sparse = c.weights == "sparse" or (c.weights == "auto" and n > 2048 and c.domain == "box")
         if sparse and c.domain != "box":
             raise ConfigError(
@@ -201,11 +223,12 @@ class CoBo:
         """Eq. (3) for the present clients, with the current W and x^t."""
         c = self.cfg
         X, W = state.X, state.W
+        rho = self.penalty(state.X.shape[0])
         if state.active is None:
-            X = penalized_step(X, G, W, c.lr, c.rho)
+            X = penalized_step(X, G, W, c.lr, rho)
         else:  # only the present clients step, pulled only toward each other
             X = X.clone()
-            X[members] = penalized_step(X[members], G, W[members][:, members], c.lr, c.rho)
+            X[members] = penalized_step(X[members], G, W[members][:, members], c.lr, rho)
         return CoBoState(X, W, state.active)
 
     def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:

@@ -36,11 +36,29 @@ def make_local_ops(
 
         return LoRAOps(data, cfg, device, client_ids=client_ids)
     from raycobo.engine.local import LoopOps, VectorizedOps
+    from raycobo.engine.memory import plan_execution
 
+    e = cfg.engine
+    if e.kind == "loop" and e.strategy not in ("auto", "loop"):
+        from raycobo.config import ConfigError
+
+        raise ConfigError(
+            f"invalid config key 'engine.strategy': '{e.strategy}' applies to engine.kind "
+            "local (or ray); engine.kind loop is the per-client reference loop"
+        )
     model = build_model(cfg.model, data.input_shape, data.num_classes)
-    common = dict(client_ids=client_ids, augment=cfg.data.augment)
-    if cfg.engine.kind == "loop":
-        return LoopOps(data, model, cfg.batch_size, cfg.seed, device, **common)
-    return VectorizedOps(
-        data, model, cfg.batch_size, cfg.seed, device, chunk_size=cfg.engine.chunk_size, **common
+    plan = plan_execution(
+        "loop" if e.kind == "loop" else e.strategy,
+        cfg.model.name,
+        model.module,
+        tuple(data.input_shape),
+        model.dim,
+        cfg.batch_size,
+        torch.device(device),
+        e.memory_gb,
+        e.chunk_size,
     )
+    common = dict(client_ids=client_ids, augment=cfg.data.augment, execution=plan)
+    if plan.strategy == "loop":
+        return LoopOps(data, model, cfg.batch_size, cfg.seed, device, **common)
+    return VectorizedOps(data, model, cfg.batch_size, cfg.seed, device, **common)

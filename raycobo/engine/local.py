@@ -100,7 +100,10 @@ class _SupervisedBase:
         device: str | torch.device = "cpu",
         client_ids: torch.Tensor | None = None,
         augment: bool = False,
+        execution=None,
     ):
+        from raycobo.engine.memory import plan_execution
+
         self.data = data
         self.model = model
         self.seed = seed
@@ -114,6 +117,18 @@ class _SupervisedBase:
         self.test_x = data.test_x.to(self.device)
         self.test_idx = [t.to(self.device) for t in data.test_idx]
         self.test_y = [t.to(self.device) for t in data.test_y]
+        kind = "loop" if isinstance(self, LoopOps) else "chunked"
+        self.execution = execution or plan_execution(
+            kind,
+            model.name,
+            model.module,
+            tuple(data.input_shape),
+            model.dim,
+            batch_size,
+            self.device,
+            None,
+            4096,
+        )
 
     def initial_params(self) -> torch.Tensor:
         return self._x0.clone()
@@ -129,12 +144,14 @@ class _SupervisedBase:
 
 
 class VectorizedOps(_SupervisedBase):
-    """Batched ClientOps for supervised tasks. ``chunk_size`` bounds clients per call."""
+    """Batched ClientOps for supervised tasks; ``execution`` (engine.memory) bounds the
+    client rows of one call and the test samples of one evaluation call."""
 
-    def __init__(self, *args, chunk_size: int = 4096, eval_block: int = 2048, **kwargs):
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.chunk_size = chunk_size
-        self.eval_block = eval_block
+        self.chunk_size = self.execution.rows_per_call
+        self.eval_rows = self.execution.eval_rows
+        self.eval_block = self.execution.eval_block
 
     def _chunks(self, m: int):
         for a in range(0, m, self.chunk_size):
@@ -200,7 +217,7 @@ class VectorizedOps(_SupervisedBase):
         lengths = torch.tensor([self.test_idx[c].numel() for c in cl])
         T = int(lengths.max()) if m else 0
         logw = torch.log(weights.to(Z.dtype).clamp_min(1e-30))  # (m, k)
-        per_chunk = max(1, self.chunk_size // k)
+        per_chunk = max(1, self.eval_rows // k)
         for a in range(0, m, per_chunk):
             ids = list(range(a, min(m, a + per_chunk)))
             idx = torch.zeros(len(ids), T, dtype=torch.int64, device=self.device)
@@ -268,6 +285,13 @@ class LoopOps(_SupervisedBase):
             out[k] = self._module_loss(Z[k], xb[0], yb[0])
         return out
 
+    def _blocks(self, c: int):
+        """Client c's test set in blocks of ``execution.eval_block`` samples."""
+        idx, y = self.test_idx[c], self.test_y[c]
+        step = self.execution.eval_block
+        for a in range(0, idx.numel(), step):
+            yield self.test_x[idx[a : a + step]], y[a : a + step]
+
     @torch.no_grad()
     def evaluate_mixture(
         self, clients: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor
@@ -275,14 +299,19 @@ class LoopOps(_SupervisedBase):
         losses, accs = [], []
         module = self.model.module
         for r, c in enumerate(clients.tolist()):
-            x, y = self.test_x[self.test_idx[c]], self.test_y[c]
-            probs = 0
-            for j in range(Z.shape[1]):
-                self.model.load_into(module, Z[r, j])
-                probs = probs + weights[r, j] * torch.softmax(module(x), dim=-1)
-            losses.append(-torch.log(probs.gather(1, y[:, None]).clamp_min(1e-30)).mean())
-            accs.append((probs.argmax(-1) == y).float().mean())
-        return Evaluation(loss=torch.stack(losses), accuracy=torch.stack(accs))
+            nll = correct = count = 0.0
+            for x, y in self._blocks(c):
+                probs = 0
+                for j in range(Z.shape[1]):
+                    self.model.load_into(module, Z[r, j])
+                    probs = probs + weights[r, j] * torch.softmax(module(x), dim=-1)
+                nll += float(-torch.log(probs.gather(1, y[:, None]).clamp_min(1e-30)).sum())
+                correct += float((probs.argmax(-1) == y).sum())
+                count += y.numel()
+            losses.append(nll / count)
+            accs.append(correct / count)
+        dev = self.device
+        return Evaluation(torch.tensor(losses, device=dev), torch.tensor(accs, device=dev))
 
     @torch.no_grad()
     def evaluate(self, clients: torch.Tensor, Z: torch.Tensor) -> Evaluation:
@@ -290,8 +319,13 @@ class LoopOps(_SupervisedBase):
         module = self.model.module
         for k, c in enumerate(clients.tolist()):
             self.model.load_into(module, Z[k])
-            logits = module(self.test_x[self.test_idx[c]])
-            y = self.test_y[c]
-            losses.append(F.cross_entropy(logits, y))
-            accs.append((logits.argmax(-1) == y).float().mean())
-        return Evaluation(loss=torch.stack(losses), accuracy=torch.stack(accs))
+            nll = correct = count = 0.0
+            for x, y in self._blocks(c):
+                logits = module(x)
+                nll += float(F.cross_entropy(logits, y, reduction="sum"))
+                correct += float((logits.argmax(-1) == y).sum())
+                count += y.numel()
+            losses.append(nll / count)
+            accs.append(correct / count)
+        dev = self.device
+        return Evaluation(torch.tensor(losses, device=dev), torch.tensor(accs, device=dev))

@@ -722,6 +722,7 @@ class CoordinatorImpl:
             from raycobo.algorithms.cobo import initial_weights
 
             x0 = self.ops.initial_params().numpy()
+            self.algo.penalty(self.ops.n_clients)  # an unstable explicit rho stops here
             self.W = initial_weights(self.ops.n_clients, self.algo.cfg.domain)
             self.active: torch.Tensor | None = None  # present clients (None: all)
             self.ops._get(
@@ -929,7 +930,7 @@ class CoordinatorImpl:
                     at_j,
                     (hi[e] == h).numpy(),
                     present,
-                    (c.lr, c.rho, c.gamma, c.domain),
+                    (c.lr, algo.penalty(n), c.gamma, c.domain),
                     len(src),
                     *(grads[k] for k in src),
                     *linked_blocks,

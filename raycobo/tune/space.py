@@ -5,7 +5,7 @@
 base: ../examples/quickstart.yaml     # path relative to this file, or an inline mapping
 overrides: {rounds: 300}              # dotted overrides applied to the base
 space:                                # dotted config keys -> Tune distributions
-  algorithm.rho: {loguniform: [0.01, 3.0]}
+  algorithm.rho: {loguniform: [0.01, 0.3]}
   algorithm.gamma: {choice: [0.01, 0.1, 1.0]}
   algorithm.sampling: {grid: [constant, time, mixed]}
 metric: mean_accuracy

@@ -131,3 +131,99 @@ def test_per_row_streams_draw_what_separate_calls_draw(both_engines):
     Gv, _ = vec.grads(c, Z, 5, streams, 0)
     Gl, _ = loop.grads(c, Z, 5, streams, 0)
     assert_close(Gv, Gl, atol=1e-5, rtol=1e-4)
+
+
+def _cnn(digits_cfg, *extra):
+    return digits_cfg("model.name=cnn", "algorithm.sampling=full", *extra)
+
+
+def test_every_strategy_gives_the_same_numbers(digits_cfg):
+    """vmap (all rows at once), chunked (a budget so small that every call holds one or
+    two rows and a few test samples) and the per-client loop: the same CoBo rounds."""
+    cfg = _cnn(digits_cfg)
+    data = load_data(cfg)
+    out = {}
+    for strategy, extra in (
+        ("vmap", {}),
+        ("chunked", {"engine.memory_gb": 0.0005}),
+        ("loop", {}),
+    ):
+        c = with_overrides(cfg, {"engine.strategy": strategy, **extra})
+        ops = make_local_ops(c, data)
+        assert ops.execution.strategy == strategy
+        algo = build_algorithm(c.algorithm, 3, c.seed)
+        state = run_rounds(algo, ops, 3)
+        out[strategy] = (state.X, state.W, evaluate(algo, state, ops))
+        if strategy == "chunked":
+            assert ops.execution.rows_per_call <= 2 and ops.execution.eval_block < 20
+    ref = out["vmap"]
+    for name in ("chunked", "loop"):
+        X, W, ev = out[name]
+        assert_close(X, ref[0], atol=1e-5, rtol=1e-4, msg=name)
+        assert_close(W, ref[1], atol=1e-5, rtol=1e-4, msg=name)
+        assert_close(ev.loss, ref[2].loss, atol=1e-5, rtol=1e-5, msg=name)
+        assert_close(ev.accuracy, ref[2].accuracy, msg=name)
+
+
+def test_chunked_evaluation_equals_unchunked(digits_cfg):
+    cfg = digits_cfg()
+    data = load_data(cfg)
+    whole = make_local_ops(with_overrides(cfg, {"engine.strategy": "vmap"}), data)
+    tiny = make_local_ops(with_overrides(cfg, {"engine.memory_gb": 1e-5}), data)
+    assert tiny.execution.eval_rows == 1 and tiny.execution.eval_block < 50
+    n = data.n_clients
+    Z = whole.initial_params() + 0.05 * torch.randn(n, whole.dim, generator=torch.Generator())
+    a, b = whole.evaluate(torch.arange(n), Z), tiny.evaluate(torch.arange(n), Z)
+    assert_close(a.loss, b.loss, atol=1e-6, rtol=1e-6)
+    assert_close(a.accuracy, b.accuracy)
+    W = torch.softmax(torch.randn(n, 2, generator=torch.Generator().manual_seed(1)), 1)
+    Zm = torch.stack([Z, Z.flip(0)], 1)
+    a, b = whole.evaluate_mixture(torch.arange(n), Zm, W), tiny.evaluate_mixture(
+        torch.arange(n), Zm, W
+    )
+    assert_close(a.loss, b.loss, atol=1e-6, rtol=1e-6)
+
+
+def test_auto_strategy_per_model_and_device(digits_cfg):
+    from raycobo.engine.local import LoopOps, VectorizedOps
+
+    data = load_data(_cnn(digits_cfg))
+    conv = make_local_ops(_cnn(digits_cfg), data)
+    assert isinstance(conv, LoopOps) and conv.execution.strategy == "loop"
+    mlp = make_local_ops(digits_cfg(), data)
+    assert isinstance(mlp, VectorizedOps) and mlp.execution.strategy == "chunked"
+    from raycobo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="engine.strategy"):
+        make_local_ops(digits_cfg("engine.kind=loop", "engine.strategy=vmap"), data)
+
+
+def test_ten_thousand_clients_with_default_hyperparameters(tmp_path, quad_cfg):
+    """rho: auto keeps the penalty step stable at any n (W^0 = 1 sums over n - 1)."""
+    from raycobo.experiment import run_experiment
+
+    cfg = quad_cfg(
+        "data.partition.num_clusters=4",
+        "data.partition.clients_per_cluster=2500",
+        "rounds=12",
+        "eval_every=6",
+        "checkpoint.every=0",
+    )
+    res = run_experiment(cfg, tmp_path / "r")
+    s = res.summary
+    assert s["n_clients"] == 10_000 and s["status"] == "completed"
+    losses = [h["mean_loss"] for h in s["history"]]
+    assert all(v is not None for v in losses) and losses[-1] < losses[0]
+
+
+def test_an_unstable_explicit_rho_is_refused(quad_cfg):
+    from raycobo.config import ConfigError
+    from raycobo.experiment import build_run
+
+    cfg = quad_cfg("data.partition.clients_per_cluster=20", "algorithm.rho=0.3")  # n = 80
+    ops, algo = build_run(cfg)
+    with pytest.raises(ConfigError, match=r"'algorithm.rho'.*algorithm.lr \* algorithm.rho \* n"):
+        algo.init(ops)
+    ok = with_overrides(cfg, {"algorithm.rho": "auto"})
+    ops, algo = build_run(ok)
+    assert algo.penalty(80) == pytest.approx(1 / (0.1 * 80))

@@ -1,0 +1,85 @@
+"""What the benchmarks share: synthetic data, timing, memory, CSV rows. Figures, never
+tests (no timing is asserted anywhere)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from raycobo.data.base import FederatedData
+
+
+def synthetic_data(
+    n: int, per_client: int = 200, seed: int = 0, shape: tuple[int, ...] = (1, 28, 28)
+) -> FederatedData:
+    """Random inputs of ``shape`` and labels, ``per_client`` each (4 clusters): throughput
+    needs no real data."""
+    g = torch.Generator().manual_seed(seed)
+    N = n * per_client
+    x = torch.randn(N, *shape, generator=g)
+    y = torch.randint(0, 10, (N,), generator=g)
+    idx = list(torch.arange(N).view(n, per_client))
+    test = list(torch.arange(min(N, 500)).expand(n, -1))
+    return FederatedData(
+        "synthetic",
+        x,
+        x[:500],
+        idx,
+        [y[i] for i in idx],
+        test,
+        [y[:500][t] for t in test],
+        [c % 4 for c in range(n)],
+        10,
+    )
+
+
+class Stepper:
+    """Advances an algorithm one round per call (for timing)."""
+
+    def __init__(self, algo, ops):
+        self.algo, self.ops = algo, ops
+        self.state = algo.init(ops)
+
+    def __call__(self, t: int) -> None:
+        self.state, _ = self.algo.round(self.state, t, self.ops)
+
+
+def write_rows(path: Path, rows: list) -> None:
+    """Dataclass rows as a CSV with a header."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        if rows:
+            w.writerow(rows[0].__dict__.keys())
+        for r in rows:
+            w.writerow(r.__dict__.values())
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, MiB (run one measurement per process
+    for a per-measurement peak)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    """Current resident memory of this process in MiB (Linux /proc)."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _time(fn, rounds: int, warmup: int = 2) -> float:
+    for t in range(warmup):
+        fn(t)
+    times = []
+    for t in range(warmup, warmup + rounds):
+        t0 = time.perf_counter()
+        fn(t)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

@@ -1,0 +1,164 @@
+"""``raycobo bench engine``: the local engine (its automatic strategy) against the plain
+per-client loop (``engine.kind: loop``, the reference the tests check it against), for
+each model and number of clients, with time per round and peak memory.
+
+Each (model, n, engine) is measured in a fresh process, so its peak resident memory is
+its own. The workload is the platform's own: FedAvg and CoBo (constant sampling,
+p = 1/n, rho auto) from ``raycobo.algorithms`` over ``make_local_ops``, on synthetic
+inputs of the model's shape.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from raycobo.bench.common import Stepper, _time, peak_rss_mb, synthetic_data, write_rows
+
+SHAPES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cnn1d": (1, 40), "resnet9": (3, 32, 32)}
+
+
+@dataclass
+class EngineRow:
+    model: str
+    n: int
+    algorithm: str
+    engine: str  # local | loop
+    strategy: str  # what the local engine chose (auto), or loop
+    ms_per_round: float
+    eval_ms: float
+    speedup_vs_loop: float | None
+    peak_mib: float
+    threads: int
+
+
+def workload(model: str, n: int, engine: str, batch_size: int, extra: list[str] | None = None):
+    """(config, data) of one measurement: the model on synthetic data, n clients."""
+    from raycobo.config import load_config
+
+    cfg = load_config(
+        None,
+        [
+            f"model.name={model}",
+            "model.hidden=[64]",
+            f"engine.kind={engine}",
+            f"batch_size={batch_size}",
+            "algorithm.sampling=constant",
+            "algorithm.lr=0.05",
+            "tracking.enabled=false",
+            *(extra or []),
+        ],
+    )
+    return cfg, synthetic_data(n, per_client=100, shape=SHAPES[model])
+
+
+def measure(
+    model: str,
+    n: int,
+    engine: str,
+    algorithms: list[str],
+    rounds: int,
+    batch_size: int,
+    threads: int,
+) -> list[dict]:
+    """One (model, n, engine): ms per round of each algorithm, one evaluation, peak RSS.
+    Runs in its own process (see bench_engine)."""
+    from raycobo.algorithms import build_algorithm, evaluate
+    from raycobo.config import with_overrides
+    from raycobo.engine import make_local_ops
+
+    torch.set_num_threads(threads)
+    cfg, data = workload(model, n, engine, batch_size)
+    ops = make_local_ops(cfg, data)
+    out = []
+    for name in algorithms:
+        algo = build_algorithm(with_overrides(cfg, {"algorithm.name": name}).algorithm, 10**6, 0)
+        step = Stepper(algo, ops)
+        sec = _time(step, rounds, warmup=1)
+        ev = _time(lambda t, step=step, algo=algo: evaluate(algo, step.state, ops), 1, warmup=0)
+        out.append(
+            {
+                "algorithm": name,
+                "ms_per_round": 1e3 * sec,
+                "eval_ms": 1e3 * ev,
+                "strategy": ops.execution.strategy,
+            }
+        )
+    peak = peak_rss_mb()
+    return [{**r, "peak_mib": peak} for r in out]
+
+
+def bench_engine(
+    models: list[str],
+    clients: list[int],
+    rounds: int = 5,
+    batch_size: int = 32,
+    out: Path | None = None,
+    echo=print,
+    algorithms: list[str] = ("cobo",),
+    threads: int | None = None,
+    timeout_s: float = 3600.0,
+) -> list[EngineRow]:
+    threads = threads or torch.get_num_threads()
+    echo(f"torch threads: {threads}, load average: {os.getloadavg()[0]:.2f}")
+    rows: list[EngineRow] = []
+    ctx = mp.get_context("spawn")
+    for model in models:
+        for n in clients:
+            found = {}
+            for engine in ("loop", "local"):
+                with ctx.Pool(1) as pool:
+                    job = pool.apply_async(
+                        measure, (model, n, engine, list(algorithms), rounds, batch_size, threads)
+                    )
+                    found[engine] = job.get(timeout=timeout_s)
+            for loop_r, local_r in zip(found["loop"], found["local"], strict=True):
+                for engine, r in (("loop", loop_r), ("local", local_r)):
+                    speed = loop_r["ms_per_round"] / r["ms_per_round"]
+                    rows.append(
+                        EngineRow(
+                            model,
+                            n,
+                            r["algorithm"],
+                            engine,
+                            r["strategy"],
+                            r["ms_per_round"],
+                            r["eval_ms"],
+                            speed,
+                            r["peak_mib"],
+                            threads,
+                        )
+                    )
+                echo(
+                    f"{model:8s} n={n:4d} {local_r['algorithm']:6s} local ({local_r['strategy']}) "
+                    f"{local_r['ms_per_round']:9.1f} ms/round {local_r['peak_mib']:7.0f} MiB   "
+                    f"loop {loop_r['ms_per_round']:9.1f} ms/round {loop_r['peak_mib']:7.0f} MiB   "
+                    f"x{loop_r['ms_per_round'] / local_r['ms_per_round']:.2f}"
+                )
+    if out is not None:
+        write_rows(out / "bench_engine.csv", rows)
+    return rows
+
+
+def as_markdown(rows: list[EngineRow]) -> str:
+    """The README's table: one line per (model, n, algorithm)."""
+    lines = [
+        "| model | n | algorithm | local (strategy) ms/round | loop ms/round | local/loop speed | "
+        "peak MiB local / loop |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by = {}
+    for r in rows:
+        by.setdefault((r.model, r.n, r.algorithm), {})[r.engine] = r
+    for (model, n, algo), pair in by.items():
+        a, b = pair["local"], pair["loop"]
+        lines.append(
+            f"| {model} | {n} | {algo} | {a.ms_per_round:.1f} ({a.strategy}) | "
+            f"{b.ms_per_round:.1f} | x{b.ms_per_round / a.ms_per_round:.2f} | "
+            f"{a.peak_mib:.0f} / {b.peak_mib:.0f} |"
+        )
+    return "\n".join(lines) + "\n"

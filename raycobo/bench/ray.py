@@ -1,0 +1,131 @@
+"""``raycobo bench ray``: CoBo on the Ray engine against the local engine."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from raycobo.bench.common import Stepper, _time, write_rows
+
+
+@dataclass
+class RayRow:
+    n: int
+    clients_per_actor: int
+    hosts: int
+    staleness: int
+    resident: bool
+    slow_seconds: float
+    local_ms: float
+    ray_ms: float
+    coordination_share: float | None
+    alignment_lag_mean: float | None
+
+
+def bench_ray(
+    clients: list[int],
+    per_actor: list[int],
+    rounds: int = 10,
+    slow_seconds: float = 0.0,
+    staleness: list[int] = (0,),
+    out: Path | None = None,
+    echo=print,
+    resident: list[bool] = (False,),
+    gpus_per_client: float = 0.0,
+    device: str = "cpu",
+    data_root: str | None = None,
+    fraction: float = 0.05,
+) -> list[RayRow]:
+    """CoBo rounds on the Ray engine against the local engine on the same config (MLP
+    784-64-10 on Fashion-MNIST, or digits when it is missing): median ms per round and
+    the coordination share (1 - the slowest host's compute / round time). With
+    ``slow_seconds`` host 1 computes that much longer per gradient, to measure bounded
+    staleness (``engine.staleness``). ``gpus_per_client`` > 0 places the hosts on GPU
+    fractions (they compute on CUDA when Ray gives them a GPU); ``device`` is the local
+    engine's."""
+    from raycobo.config import load_config
+    from raycobo.data import fashion_mnist_available
+    from raycobo.engine.ray_engine import RayRun, start_ray
+    from raycobo.experiment import build_run
+
+    data = "fashion_mnist" if fashion_mnist_available(data_root) else "digits"
+    rows: list[RayRow] = []
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    echo(
+        f"torch threads: {torch.get_num_threads()}, load average: {os.getloadavg()[0]:.2f}, "
+        f"data: {data}, GPU: {gpu}, local engine on {device}, "
+        f"{gpus_per_client:g} GPU per client on ray"
+    )
+    for n in clients:
+        base = [
+            f"data.name={data}",
+            f"data.fraction={fraction if data == 'fashion_mnist' else 1.0}",
+            *([f"data.root={data_root}"] if data_root else []),
+            "data.partition.num_clusters=4",
+            f"data.partition.clients_per_cluster={max(1, n // 4)}",
+            "algorithm.name=cobo",
+            "algorithm.sampling=constant",
+            f"algorithm.rho={min(0.3, 5.0 / n)}",
+            f"rounds={rounds + 2}",
+            "tracking.enabled=false",
+        ]
+        cfg = load_config(None, [*base, f"engine.device={device}"])
+        ops, algo = build_run(cfg)
+        local_ms = 1e3 * _time(Stepper(algo, ops), rounds)
+        modes = [(k, s, r) for k in per_actor for s in staleness for r in resident]
+        for k, s, res in modes:
+            if res and s:  # host-resident rounds are synchronous
+                continue
+            rcfg = load_config(
+                None,
+                [
+                    *base,
+                    "engine.kind=ray",
+                    f"engine.clients_per_actor={k}",
+                    "engine.cpus_per_actor=0",
+                    # the hosts share the machine's cores (the local engine uses them all)
+                    f"engine.threads={max(1, torch.get_num_threads() // -(-ops.n_clients // k))}",
+                    f"engine.gpus_per_client={gpus_per_client}",
+                    f"engine.staleness={s}",
+                    "engine.slow_hosts=[1]",
+                    f"engine.slow_seconds={slow_seconds}",
+                    f"engine.resident={str(res).lower()}",
+                ],
+            )
+            start_ray(rcfg)
+            run = RayRun(rcfg, ops.n_clients)
+            try:
+                state = run.init(run)
+
+                def step(t, run=run, state=state):
+                    run.round(state, t, run)
+
+                ray_ms = 1e3 * _time(step, rounds)
+                rep = run.summary_extras()
+            finally:
+                run.close()
+            row = RayRow(
+                ops.n_clients,
+                k,
+                rep["hosts"],
+                s,
+                res,
+                slow_seconds,
+                local_ms,
+                ray_ms,
+                rep.get("coordination_share"),
+                rep.get("alignment_lag_mean"),
+            )
+            rows.append(row)
+            share = "-" if row.coordination_share is None else f"{row.coordination_share:.0%}"
+            echo(
+                f"n={row.n:4d} per_actor={k:3d} hosts={row.hosts:3d} staleness={s} "
+                f"resident={'yes' if res else 'no '} "
+                f"local {local_ms:7.1f} ms  ray {ray_ms:7.1f} ms  coordination {share}"
+            )
+    if out is not None:
+        write_rows(out / "bench_ray.csv", rows)
+    return rows

@@ -1,0 +1,122 @@
+"""``raycobo bench scaling``: CoBo with O(1/n) edge sampling at growing n."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from raycobo.bench.common import Stepper, rss_mb, synthetic_data, write_rows
+from raycobo.engine import make_local_ops
+
+
+@dataclass
+class ScaleRow:
+    n: int
+    task: str
+    ms_per_round: float
+    edges_per_round: float
+    rss_mib: float
+    mib_per_client: float
+    final_loss: float
+    final_accuracy: float | None
+    w_within: float | None
+    w_across: float | None
+
+
+def bench_scaling(
+    clients: list[int],
+    rounds: int = 50,
+    task: str = "quadratic",
+    clusters: int = 10,
+    out: Path | None = None,
+    echo=print,
+    tracking=None,
+) -> list[ScaleRow]:
+    """CoBo with constant O(1/n) edge sampling at growing n: time per round, memory and
+    quality. ``task``: ``quadratic`` (d=10, CoBo Example 2) or ``mlp`` (784-64-10 on
+    synthetic 28x28 data). Memory is the growth of this process's resident set while n
+    is measured; run one n per call for exact per-n figures (allocators reuse memory)."""
+    import gc
+
+    from raycobo.config import load_config
+    from raycobo.experiment import agreement_of, build_run
+
+    rows: list[ScaleRow] = []
+    echo(f"torch threads: {torch.get_num_threads()}, load average: {os.getloadavg()[0]:.2f}")
+    for n in clients:
+        per = max(1, n // clusters)
+        base = [
+            f"data.partition.num_clusters={clusters}",
+            f"data.partition.clients_per_cluster={per}",
+            "algorithm.name=cobo",
+            "algorithm.sampling=constant",
+            f"algorithm.rho={min(0.1, 5.0 / n)}",  # eta * rho * (n - 1) < 1 while W = 1
+            "tracking.enabled=false",
+        ]
+        gc.collect()
+        rss0 = rss_mb()
+        if task == "quadratic":
+            cfg = load_config(
+                None,
+                [
+                    *base,
+                    "data.name=quadratic",
+                    "data.dim=10",
+                    "data.noise=0.05",
+                    "data.center_scale=3",
+                ],
+            )
+            ops, algo = build_run(cfg)
+        else:
+            cfg = load_config(None, [*base, "algorithm.lr=0.05"])
+            data = synthetic_data(per * clusters, per_client=64)
+            data.clusters = [c // per for c in range(per * clusters)]
+            ops = make_local_ops(cfg, data)  # MLP 784-64-10, the engine's own strategy
+            from raycobo.algorithms import build_algorithm
+
+            algo = build_algorithm(cfg.algorithm, rounds, 0)
+        step = Stepper(algo, ops)
+        step(0)
+        t0 = time.perf_counter()
+        edges = 0.0
+        for t in range(1, rounds + 1):
+            step.state, stats = algo.round(step.state, t, ops)
+            edges += stats["edges"]
+        sec = (time.perf_counter() - t0) / rounds
+        from raycobo.algorithms import evaluate
+
+        ev = evaluate(algo, step.state, ops)
+        agree = agreement_of(algo, step.state, algo.collaboration(step.state), list(ops.clusters))
+        rss = rss_mb() - rss0
+        n_real = ops.n_clients
+        row = ScaleRow(
+            n_real,
+            task,
+            1e3 * sec,
+            edges / rounds,
+            rss,
+            rss / n_real,
+            float(ev.loss.mean()),
+            float(ev.accuracy.mean()) if ev.accuracy is not None else None,
+            agree.get("w_within"),
+            agree.get("w_across"),
+        )
+        rows.append(row)
+        echo(
+            f"n={n_real:6d} {row.ms_per_round:9.1f} ms/round  "
+            f"{row.edges_per_round:8.0f} edges/round  +{row.rss_mib:7.0f} MiB "
+            f"({row.mib_per_client:.3f}/client)  loss {row.final_loss:.4g}"
+        )
+        del step, ops, algo
+    if out is not None:
+        write_rows(out / "bench_scaling.csv", rows)
+        from raycobo.plots import plot_scaling
+
+        plot_scaling(out / "bench_scaling.png", [r.__dict__ for r in rows])
+        if tracking is not None:
+            tracking.log_scaling(rows, out)
+    return rows

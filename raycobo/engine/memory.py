@@ -1,0 +1,128 @@
+"""How client batches execute in the local engine, and how much memory they may take.
+
+``engine.strategy``:
+
+- ``vmap``: all requested (client, point) rows in one batched call (``torch.func.vmap`` or
+  the MLP's hand-batched GEMMs), up to ``engine.chunk_size`` rows: the fastest path on a
+  GPU, and for the MLP on a CPU.
+- ``chunked``: the same batched calls over chunks of rows sized so that one call's
+  activations fit the memory budget; evaluation over blocks of test samples likewise.
+- ``loop``: one client at a time through the plain ``nn.Module`` (oneDNN's direct
+  convolutions): on a CPU, grouped per-client convolutions under vmap are about 2x
+  slower than this loop for conv nets (measured in the issue "Local engine").
+- ``auto`` (default): ``loop`` for conv nets on a CPU, ``chunked`` otherwise.
+
+Every strategy draws the same minibatches and computes the same per-client functions, so
+their numbers agree to float rounding (tested).
+
+The budget is ``engine.memory_gb``, else half of the memory available now (the CPU's
+``MemAvailable``, or the GPU's free memory). Activation sizes come from one probe
+forward of the model on a single sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+CONV_MODELS = {"cnn", "cnn1d", "resnet9"}
+BYTES = 4  # float32
+# saved activations, their gradients and the temporaries of a backward pass, per float
+# of forward output; functional ops (relu, pooling) outside modules are not hooked
+TRAIN_FACTOR = 6.0
+EVAL_FACTOR = 3.0
+
+
+@dataclass
+class Execution:
+    """What the local engine chose for this run (reported in summary.json)."""
+
+    strategy: str  # vmap | chunked | loop
+    rows_per_call: int  # client rows in one batched training call
+    eval_rows: int  # client rows in one evaluation call
+    eval_block: int  # test samples per evaluation call
+    memory_budget_gb: float
+    activation_floats_per_sample: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory this process may still use on ``device``."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30  # no /proc: assume a modest machine
+
+
+def budget_bytes(memory_gb: float | None, device: torch.device) -> int:
+    if memory_gb is not None:
+        return int(memory_gb * 2**30)
+    return available_bytes(device) // 2
+
+
+@torch.no_grad()
+def activation_floats(module: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Floats of forward output of every leaf module for one sample (a probe on CPU)."""
+    total = 0
+
+    def hook(_m, _inp, out):
+        nonlocal total
+        if isinstance(out, torch.Tensor):
+            total += out.numel()
+
+    handles = [m.register_forward_hook(hook) for m in module.modules() if not list(m.children())]
+    was = module.training
+    try:
+        module.eval()
+        module(torch.zeros(1, *input_shape))
+    finally:
+        module.train(was)
+        for h in handles:
+            h.remove()
+    return max(total, 1)
+
+
+def plan_execution(
+    strategy: str,
+    model_name: str,
+    module: nn.Module,
+    input_shape: tuple[int, ...],
+    dim: int,
+    batch_size: int,
+    device: torch.device,
+    memory_gb: float | None,
+    chunk_size: int,
+) -> Execution:
+    """Resolve ``auto`` and size the chunks from the memory budget."""
+    if strategy == "auto":
+        strategy = "loop" if device.type == "cpu" and model_name in CONV_MODELS else "chunked"
+    act = activation_floats(module, input_shape)
+    budget = budget_bytes(memory_gb, device)
+    per_row = (TRAIN_FACTOR * act * batch_size + 4 * dim) * BYTES  # one row's train call
+    per_sample = EVAL_FACTOR * act * BYTES  # one (model, test sample) pair's forward
+    if strategy == "vmap":
+        rows = chunk_size
+    elif strategy == "loop":
+        rows = 1
+    else:
+        rows = int(max(1, min(chunk_size, budget // max(per_row, 1))))
+    # evaluation: rows x block test samples per call within the budget
+    eval_block = int(max(1, min(2048, budget // max(per_sample, 1))))
+    if strategy == "vmap":  # no bound: every client's block in one call
+        eval_rows, eval_block = chunk_size, 2048
+    elif strategy == "loop":
+        eval_rows = 1
+    else:
+        eval_rows = int(max(1, min(chunk_size, budget // max(per_sample * eval_block, 1))))
+    return Execution(strategy, rows, eval_rows, eval_block, round(budget / 2**30, 3), act)
