@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+# Settings under which every registered algorithm shows its whole round in a few rounds
+# of a tiny task (fine-tuning, pruning and trust updates happen; sketches fit the MLP).
+SHORT_RUN = {
+    "algorithm.ft_steps": 2,
+    "algorithm.prune_round": 1,
+    "algorithm.trust_every": 2,
+    "algorithm.sketch_dim": 100,
+    "algorithm.sampling": "full",
+}
+
 
 def run_rounds(algo, ops, rounds: int, state=None, start: int = 0):
     """Advance ``algo`` from ``state`` (or its initial state) for ``rounds`` rounds."""

@@ -118,7 +118,7 @@ def test_bad_input_is_one_line_naming_the_problem(tmp_path, cfg_file, args, need
     broken.write_text("rounds: [\n")
     argv = [a.format(cfg=cfg_file, broken=broken) for a in args]
     res = invoke("run", *argv, "--out", tmp_path / "o", "-q", "--no-tracking")
-    assert res.exit_code != 0
+    assert res.exit_code == 2, res.output  # bad input: 2, not a crash's 1
     err = res.stderr.strip()
     assert len(err.splitlines()) == 1, err
     assert err.startswith("error:") and needle in err
@@ -203,3 +203,17 @@ def test_entry_point_help_and_error_exit_code(tmp_path):
         [sys.executable, "-m", "raycobo.cli", "--help"], capture_output=True, text=True
     )
     assert res.returncode == 0 and "compare" in res.stdout
+
+
+def test_an_interrupt_exits_130_and_says_where(tmp_path, cfg_file, monkeypatch):
+    import raycobo.experiment as ex
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ex, "run_experiment", interrupted)
+    res = invoke("run", cfg_file, *QUAD, "--out", tmp_path / "o", "-q", "--no-tracking")
+    assert res.exit_code == 130
+    assert res.stderr.strip().splitlines() == [
+        "error: interrupted; partial results and checkpoints were kept in the run directory"
+    ]

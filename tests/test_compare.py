@@ -5,14 +5,40 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from raycobo.cli import app
-from raycobo.compare import TABLE_COLUMNS, worst_share
+from raycobo.compare import TABLE_COLUMNS
 from raycobo.config import load_config
+
+QUICKSTART = str(Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml")
+SAMPLING = str(Path(__file__).resolve().parents[1] / "examples" / "sampling_study.yaml")
+# the columns the README and downstream scripts read, written out (not the code's list)
+CSV_COLUMNS = [
+    "algorithm",
+    "seeds",
+    "mean_accuracy",
+    "std_accuracy",
+    "mean_loss",
+    "mean_perplexity",
+    "improved_vs_local",
+    "worst10_accuracy",
+    "worst20_accuracy",
+    "client_std_accuracy",
+    "rounds_to_target",
+    "wall_seconds",
+    "megabytes_sent",
+    "failed",
+    "run_dirs",
+]
+MD_HEADER = (
+    "| algorithm | accuracy (%) | loss | perplexity | Imp. (%) | worst 10 % | worst 20 % | "
+    "client std | rounds to target | wall (s) | sent (MB) |"
+)
 
 
 def test_two_algorithms_two_seeds_table_matches_runs(tmp_path):
@@ -21,7 +47,7 @@ def test_two_algorithms_two_seeds_table_matches_runs(tmp_path):
         app,
         [
             "compare",
-            "examples/quickstart.yaml",
+            QUICKSTART,
             "data.name=digits",
             "data.fraction=0.3",
             "data.partition.num_clusters=2",
@@ -43,9 +69,9 @@ def test_two_algorithms_two_seeds_table_matches_runs(tmp_path):
     assert res.exit_code == 0, res.output
     rows = json.loads((out / "comparison.json").read_text())
     assert [r["algorithm"] for r in rows] == ["local", "cobo"]
-    assert set(TABLE_COLUMNS) <= set(rows[0])
     header = (out / "comparison.csv").read_text().splitlines()[0].split(",")
-    assert header[: len(TABLE_COLUMNS)] == TABLE_COLUMNS
+    assert header == CSV_COLUMNS and CSV_COLUMNS[:-2] == TABLE_COLUMNS
+    assert (out / "comparison.md").read_text().splitlines()[0] == MD_HEADER
     for row in rows:
         sums = [
             json.loads((out / row["algorithm"] / f"seed{s}" / "summary.json").read_text())
@@ -56,8 +82,19 @@ def test_two_algorithms_two_seeds_table_matches_runs(tmp_path):
         assert row["mean_accuracy"] == np.mean(accs)
         assert row["std_accuracy"] == np.std(accs)
         assert row["mean_loss"] == np.mean([s["mean_loss"] for s in sums])
-        client_acc = [[c["accuracy"] for c in s["clients"]] for s in sums]
-        assert row["worst20_accuracy"] == np.mean([worst_share(a, 0.2) for a in client_acc])
+        # 4 clients per seed: the worst 10 % and the worst 20 % are each the single
+        # weakest client (ceil(0.4) = ceil(0.8) = 1), averaged over the seeds
+        client_acc = [sorted(c["accuracy"] for c in s["clients"]) for s in sums]
+        assert all(len(a) == 4 for a in client_acc)
+        weakest = (client_acc[0][0] + client_acc[1][0]) / 2
+        assert row["worst10_accuracy"] == pytest.approx(weakest, abs=1e-12)
+        assert row["worst20_accuracy"] == pytest.approx(weakest, abs=1e-12)
+        stds = [float(np.sqrt(np.mean((np.array(a) - np.mean(a)) ** 2))) for a in client_acc]
+        assert row["client_std_accuracy"] == pytest.approx(np.mean(stds), abs=1e-12)
+        # the first evaluation at or above the target (0.2), averaged over the seeds
+        first = [next(h["round"] for h in s["history"] if h["mean_accuracy"] >= 0.2) for s in sums]
+        assert row["rounds_to_target"] == pytest.approx(np.mean(first))
+        assert row["megabytes_sent"] is None  # neither method counts communication
     local = [json.loads((out / "local" / f"seed{s}" / "summary.json").read_text()) for s in (0, 1)]
     cobo = [json.loads((out / "cobo" / f"seed{s}" / "summary.json").read_text()) for s in (0, 1)]
     imp = np.mean(
@@ -89,7 +126,7 @@ def test_variants_compare_sampling_strategies(tmp_path):
         app,
         [
             "compare",
-            "examples/sampling_study.yaml",
+            SAMPLING,
             "data.name=quadratic",
             "rounds=20",
             "eval_every=10",
@@ -114,11 +151,12 @@ def test_parallel_compare_gives_the_sequential_numbers(tmp_path):
     """(algorithm, seed) pairs as Ray tasks: same summaries as running them one by one."""
     base = [
         "compare",
-        "examples/quickstart.yaml",
+        QUICKSTART,
         "data.name=quadratic",
         "rounds=15",
         "eval_every=5",
         "engine.num_cpus=2",
+        "engine.timeout_s=30",  # bounds the wait for the Ray tasks: 4 runs x 30 s
         "--algorithms",
         "local,cobo",
         "--seeds",
@@ -127,16 +165,61 @@ def test_parallel_compare_gives_the_sequential_numbers(tmp_path):
         "--no-tracking",
     ]
     seq, par = tmp_path / "seq", tmp_path / "par"
-    assert CliRunner().invoke(app, [*base, "--out", str(seq)]).exit_code == 0
-    res = CliRunner().invoke(app, [*base, "--out", str(par), "--parallel"])
-    assert res.exit_code == 0, res.output
-    a = json.loads((seq / "comparison.json").read_text())
-    b = json.loads((par / "comparison.json").read_text())
-    for ra, rb in zip(a, b, strict=True):
-        assert ra["algorithm"] == rb["algorithm"] and ra["mean_loss"] == rb["mean_loss"]
     import ray
 
-    ray.shutdown()
+    try:
+        assert CliRunner().invoke(app, [*base, "--out", str(seq)]).exit_code == 0
+        res = CliRunner().invoke(app, [*base, "--out", str(par), "--parallel"])
+    finally:
+        ray.shutdown()
+    assert res.exit_code == 0, res.output
+    for algo in ("local", "cobo"):
+        for seed in (0, 1):
+            a = json.loads((seq / algo / f"seed{seed}" / "summary.json").read_text())
+            b = json.loads((par / algo / f"seed{seed}" / "summary.json").read_text())
+            for key in ("wall_seconds", "mlflow_run_id"):  # the only keys that may differ
+                a.pop(key), b.pop(key)
+            assert a == b, (algo, seed)
+
+
+def test_compare_nests_its_runs_under_one_mlflow_parent(tmp_path):
+    """Tracking on: a parent run for the comparison, one child per (algorithm, seed) with
+    the parent's id, its params and its final metrics."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path / "m.db"
+    res = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            QUICKSTART,
+            "data.name=quadratic",
+            "rounds=10",
+            "eval_every=5",
+            f"tracking.uri=sqlite:///{db}",
+            f"tracking.artifact_root={tmp_path / 'art'}",
+            "--algorithms",
+            "local,cobo",
+            "--out",
+            str(tmp_path / "c"),
+            "-q",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(children) == 2
+    for child in children:
+        assert child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert child.info.status == "FINISHED"
+        name = child.data.params["algorithm.name"]
+        summary = json.loads((tmp_path / "c" / name / "summary.json").read_text())
+        assert summary["mlflow_run_id"] == child.info.run_id
+        assert child.data.metrics["mean_loss"] == pytest.approx(summary["mean_loss"])
+        assert child.data.params["rounds"] == "10"
 
 
 def test_dropped_clients_and_perplexity_in_tables():

@@ -89,7 +89,9 @@ def test_yaml_roundtrip(tmp_path):
 def test_examples_start_with_their_command_and_validate():
     from pathlib import Path
 
-    for path in sorted(Path("examples").glob("*.yaml")):
+    examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+    assert len(examples) >= 10  # found from the repository root, wherever pytest runs
+    for path in examples:
         first = path.read_text().splitlines()[0]
         assert first.startswith("# raycobo "), path
         load_config(path)

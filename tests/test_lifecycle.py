@@ -20,7 +20,7 @@ from raycobo.algorithms import ALGORITHMS
 from raycobo.callbacks import BaseCallback
 from raycobo.config import ConfigError, with_overrides
 from raycobo.experiment import RunFailed, resume_config, run_experiment
-from tests.helpers import StopAt
+from tests.helpers import SHORT_RUN, StopAt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,15 +48,8 @@ def assert_trees_equal(a, b, where="state"):
 
 
 def _digits(digits_cfg, name: str):
-    extra = {
-        "algorithm.name": name,
-        "rounds": 6,
-        "eval_every": 2,
-        "algorithm.ft_steps": 2,
-        "algorithm.prune_round": 2,
-        "algorithm.trust_every": 2,
-        "algorithm.sketch_dim": 100,
-    }
+    extra = {**SHORT_RUN, "algorithm.name": name, "rounds": 6, "eval_every": 2}
+    extra.pop("algorithm.sampling")  # CoBo's sampled pairs change from round to round
     return with_overrides(digits_cfg(), extra)
 
 

@@ -17,6 +17,7 @@ max_concurrent: 2
 resources: {cpu: 1, gpu: 0}
 smoke: {rounds: 20, num_samples: 2}   # what --smoke-test uses
 max_failures: 2                        # retries of a failed trial, from its checkpoint
+time_budget_s: 3600                    # optional bound on the whole sweep
 ```
 
 Every key of ``space`` is checked against the config schema with each value the
@@ -73,6 +74,8 @@ class SweepSpec(_Strict):
     name: str | None = None
     # a failed trial is retried from its last checkpoint this many times
     max_failures: int = Field(default=2, ge=0)
+    # a bound on the whole sweep (seconds); trials still running then are stopped
+    time_budget_s: float | None = Field(default=None, gt=0)
 
 
 def _bounds_values(key: str, dist: dict[str, Any]) -> list[Any]:

@@ -241,6 +241,7 @@ def _fit(spec, base, root: Path, name: str, samples: int, resume, parent_id, tun
                 search_alg=_search(spec),
                 num_samples=samples,
                 max_concurrent_trials=spec.max_concurrent,
+                time_budget_s=spec.time_budget_s,
             ),
             run_config=tune.RunConfig(
                 name="tune",

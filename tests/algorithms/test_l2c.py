@@ -167,6 +167,13 @@ def test_meta_l2c_learns_and_transfers_its_encoder(quad_cfg, tmp_path):
     assert s2.opt is None
     trained = algo.artifacts(state)["encoder"]["state_dict"]
     assert_close(encoder_payload(s2.params)["state_dict"], trained)
+    # the frozen encoder gives the trained one's mixing weights on the same state
+    from raycobo.algorithms.l2c import masked_softmax
+
+    Dhat = state.X - state.X0
+    W_trained = masked_softmax(algo.logits(state.params, Dhat), state.mask)
+    W_frozen = masked_softmax(algo2.logits(s2.params, Dhat), state.mask)
+    assert_close(W_frozen, W_trained, atol=1e-7, rtol=1e-6)
     s2 = run_rounds(algo2, ops2, 30, s2)
     assert float(s2.W[same].sum()) / 9 > 0.6  # good weights without training the encoder
     other = quad_cfg("data.dim=7", "algorithm.name=meta_l2c", f"algorithm.encoder_path={path}")

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from raycobo.algorithms import build_algorithm, evaluate
+from raycobo.algorithms import ALGORITHMS, build_algorithm, evaluate
 from raycobo.config import with_overrides
 from raycobo.data import load_data
 from raycobo.engine import make_local_ops
-from tests.helpers import on_engines, run_rounds
+from tests.helpers import SHORT_RUN, on_engines, run_rounds
 
 
 @pytest.fixture
@@ -76,14 +76,11 @@ def test_alignment_uses_each_clients_own_data(both_engines):
     assert rows_j <= set(data.train_idx[2].tolist())
 
 
-@pytest.mark.parametrize(
-    "name", ["cobo", "local", "fedavg", "fedavg_ft", "ditto", "ifca", "fc", "oracle", "federico"]
-)
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_algorithms_agree_across_engines(both_engines, name):
+    """Every registered algorithm (a new one is covered by registering it)."""
     cfg, data, vec, loop = both_engines
-    cfg = with_overrides(
-        cfg, {"algorithm.name": name, "algorithm.sampling": "full", "algorithm.ft_steps": 2}
-    )
+    cfg = with_overrides(cfg, {"algorithm.name": name, **SHORT_RUN})
     results = []
     for ops in (vec, loop):
         algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
@@ -178,8 +175,9 @@ def test_chunked_evaluation_equals_unchunked(digits_cfg):
     assert_close(a.accuracy, b.accuracy)
     W = torch.softmax(torch.randn(n, 2, generator=torch.Generator().manual_seed(1)), 1)
     Zm = torch.stack([Z, Z.flip(0)], 1)
-    a, b = whole.evaluate_mixture(torch.arange(n), Zm, W), tiny.evaluate_mixture(
-        torch.arange(n), Zm, W
+    a, b = (
+        whole.evaluate_mixture(torch.arange(n), Zm, W),
+        tiny.evaluate_mixture(torch.arange(n), Zm, W),
     )
     assert_close(a.loss, b.loss, atol=1e-6, rtol=1e-6)
 

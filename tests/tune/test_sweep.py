@@ -28,6 +28,7 @@ metric: mean_loss
 mode: min
 num_samples: 1
 max_concurrent: 2
+time_budget_s: 240
 """
 
 
@@ -63,7 +64,9 @@ def test_unknown_sweep_keys_and_shipped_spaces(tmp_path):
         load_sweep(p)
     from pathlib import Path
 
-    for path in sorted(Path("tune_spaces").glob("*.yaml")):
+    spaces = sorted((Path(__file__).resolve().parents[2] / "tune_spaces").glob("*.yaml"))
+    assert len(spaces) >= 3  # found from the repository root, wherever pytest runs
+    for path in spaces:
         assert path.read_text().startswith("# raycobo sweep "), path
         spec, base = load_sweep(path)
         assert spec.space
