@@ -282,7 +282,7 @@ def run_parallel(
     the Ray instance (local, bound to 127.0.0.1, or ``engine.address``) has room for."""
     import ray
 
-    from raycobo.engine.ray_engine import start_ray
+    from raycobo.engine.ray import start_ray
 
     first = next(iter(jobs.values()))[0]
     start_ray(first)

@@ -413,7 +413,7 @@ def build_run(cfg: Config):
     algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
     data = load_data(cfg)
     if cfg.engine.kind == "ray":
-        from raycobo.engine.ray_engine import make_ray_run
+        from raycobo.engine.ray import make_ray_run
 
         run = make_ray_run(cfg, data)
         return run, run  # the coordinator holds the state; the driver holds handles

@@ -60,7 +60,7 @@ def run_ray(cfg, rounds: int, between=None):
     """The same on the Ray engine (Ray already started): ((X, W, loss), engine report).
     ``between(run, t)`` is called before each round (to kill hosts, join clients)."""
     from raycobo.data import load_data
-    from raycobo.engine.ray_engine import RayRun
+    from raycobo.engine.ray import RayRun
 
     run = RayRun(cfg, load_data(cfg).n_clients)
     try:

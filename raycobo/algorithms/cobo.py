@@ -132,9 +132,31 @@ def penalized_rows(
 ) -> torch.Tensor:
     """Eq. (3) for some clients: X_rows (m, d) with their W rows (m, n) over all models
     X_all (n, d) -- what a host holding those clients computes."""
+    return penalized_rows_blocks(X_rows, G, W_rows, [(slice(None), X_all)], lr, rho)
+
+
+def penalized_rows_blocks(
+    X_rows: torch.Tensor,
+    G: torch.Tensor,
+    W_rows: torch.Tensor,
+    blocks: list[tuple[torch.Tensor | slice, torch.Tensor]],
+    lr: float,
+    rho: float,
+) -> torch.Tensor:
+    """Eq. (3) for some clients when the other models come in blocks (cols, X_block):
+    x_i (1 - lr rho sum_k w_ik) + lr rho sum_k w_ik x_k - lr g_i, the sum over the
+    blocks' columns only (a resident host reads just the hosts its clients weigh; the
+    columns left out must have w_ik = 0 there)."""
     keep = 1.0 - lr * rho * W_rows.sum(dim=1, keepdim=True)  # (m, 1)
-    out = torch.addmm(X_rows * keep, W_rows.to(X_all.dtype), X_all, alpha=lr * rho)
+    out = X_rows * keep
+    for cols, Xb in blocks:
+        out.addmm_(W_rows[:, cols].to(Xb.dtype), Xb, alpha=lr * rho)
     return out.add_(G, alpha=-lr)
+
+
+def alignment_scores(G_i: torch.Tensor, G_j: torch.Tensor) -> torch.Tensor:
+    """The inner problem's signal for each sampled pair: <g_i(z_ij), g_j(z_ij)>."""
+    return torch.linalg.vecdot(G_i, G_j)
 
 
 class CoBo:
@@ -215,7 +237,7 @@ class CoBo:
         E = edges.shape[0]
         if E == 0:
             return state
-        scores = torch.linalg.vecdot(G_align[:E], G_align[E:])  # <g_i(z), g_j(z)>
+        scores = alignment_scores(G_align[:E], G_align[E:])
         W = update_weights(state.W, edges, scores, self.cfg.gamma, self.cfg.domain)
         return CoBoState(state.X, W, state.active)
 

@@ -48,7 +48,7 @@ def bench_ray(
     engine's."""
     from raycobo.config import load_config
     from raycobo.data import fashion_mnist_available
-    from raycobo.engine.ray_engine import RayRun, start_ray
+    from raycobo.engine.ray import RayRun, start_ray
     from raycobo.experiment import build_run
 
     data = "fashion_mnist" if fashion_mnist_available(data_root) else "digits"

@@ -113,7 +113,7 @@ def _search(spec: SweepSpec):
 def _trial_plan(spec: SweepSpec, base: Config):
     """The host layout of a trial on the Ray engine; ``auto`` is sized to the trial's own
     resources (``resources.cpu`` CPUs for its hosts), not to the whole instance."""
-    from raycobo.engine.ray_engine import plan_hosts
+    from raycobo.engine.ray import plan_hosts
 
     n = sum(base.data.partition.cluster_sizes())
     own = {"CPU": max(1.0, spec.resources.cpu), "GPU": spec.resources.gpu}
@@ -143,7 +143,7 @@ def run_sweep(
 ) -> dict[str, Any]:
     from ray import tune
 
-    from raycobo.engine.ray_engine import start_ray
+    from raycobo.engine.ray import start_ray
     from raycobo.tracking import MLflowTracker
 
     if smoke_test:

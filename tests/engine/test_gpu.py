@@ -27,7 +27,7 @@ def ray_on_the_gpus():
     """A local Ray that detects this machine's real GPUs."""
     ray = pytest.importorskip("ray")
     from raycobo.config import load_config
-    from raycobo.engine.ray_engine import start_ray
+    from raycobo.engine.ray import start_ray
 
     if ray.is_initialized():
         ray.shutdown()
@@ -119,7 +119,7 @@ def test_ray_hosts_on_gpu_fractions_match_the_cpu(
 def test_gpu_fractions_are_accounted_by_ray(free_gpus, digits_cfg):
     """Four hosts at a quarter each hold the whole GPU while they live: none is free."""
     from raycobo.data import load_data
-    from raycobo.engine.ray_engine import RayRun
+    from raycobo.engine.ray import RayRun
 
     ray = free_gpus
     total = ray.cluster_resources()["GPU"]

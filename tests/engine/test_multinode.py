@@ -22,7 +22,7 @@ def three_nodes():
     from ray.cluster_utils import Cluster
 
     ray.shutdown()
-    # loopback addresses, as raycobo's own local instance (see engine.ray_engine.start_ray)
+    # loopback addresses, as raycobo's own local instance (see engine.ray.layout.start_ray)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray_constants.ENABLE_RAY_CLUSTER = False
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

@@ -12,7 +12,7 @@ from raycobo.algorithms import ALGORITHMS, build_algorithm  # noqa: E402
 from raycobo.config import with_overrides  # noqa: E402
 from raycobo.data import load_data  # noqa: E402
 from raycobo.engine import make_local_ops  # noqa: E402
-from raycobo.engine.ray_engine import RayRun, start_ray  # noqa: E402
+from raycobo.engine.ray import RayRun, start_ray  # noqa: E402
 from tests.helpers import SHORT_RUN, ray_matches_local, run_local, run_ray  # noqa: E402
 
 TIMEOUT = 120
@@ -421,7 +421,7 @@ def test_a_layout_that_cannot_be_placed_stops_at_once(
 
 def test_plan_hosts_auto_and_explicit():
     from raycobo.config import ConfigError, load_config
-    from raycobo.engine.ray_engine import plan_hosts
+    from raycobo.engine.ray import plan_hosts
 
     def plan(n, cpus, gpus=0.0, fixed=True, **keys):
         e = load_config(None, [f"engine.{k}={v}" for k, v in keys.items()]).engine

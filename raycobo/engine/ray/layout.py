@@ -1,0 +1,159 @@
+"""Starting Ray and laying out the client hosts: how many, what each asks Ray for, and
+a bounded wait until they run (a local instance never waits for what it lacks)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+from raycobo.config import Config
+
+
+def start_ray(cfg: Config) -> None:
+    """Connect to ``engine.address``, or start a local Ray bound to 127.0.0.1 with no
+    dashboard (Ray >= 2.5x otherwise picks the network interface's address)."""
+    if cfg.engine.address is None:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    if ray.is_initialized():
+        return
+    if cfg.engine.address is not None:
+        ray.init(address=cfg.engine.address, log_to_driver=False)
+        return
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # loopback node address
+    ray.init(
+        # always a new instance of our own, even where `ray start` left a cluster's address
+        # behind (/tmp/ray/ray_current_cluster): engine.address joins clusters
+        address="local",
+        include_dashboard=cfg.engine.dashboard,
+        num_cpus=cfg.engine.num_cpus,
+        num_gpus=cfg.engine.num_gpus,
+        log_to_driver=False,
+        configure_logging=True,
+        logging_level="warning",
+    )
+
+
+def host_layout(n: int, per_actor: int) -> list[list[int]]:
+    """Contiguous blocks of client ids, one per host."""
+    return [list(range(a, min(n, a + per_actor))) for a in range(0, n, per_actor)]
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """How the clients are spread over host actors, and what each host asks Ray for."""
+
+    clients_per_actor: int
+    cpus_per_actor: float
+    hosts: int
+    gpus_per_client: float
+
+    def asks(self) -> str:
+        gpu = self.gpus_per_client * self.clients_per_actor
+        return f"{self.hosts} hosts x {{CPU: {self.cpus_per_actor:g}, GPU: {gpu:g}}}"
+
+
+def _layout_keys(e) -> str:
+    return (
+        f"engine.clients_per_actor={e.clients_per_actor}, "
+        f"engine.cpus_per_actor={e.cpus_per_actor}, engine.gpus_per_client={e.gpus_per_client}"
+    )
+
+
+def plan_hosts(
+    e, n: int, total: dict[str, float], node_max: dict[str, float], fixed: bool = True
+) -> HostPlan:
+    """Resolve ``auto`` and check the layout against the Ray instance's resources (total
+    and on its largest node). ``fixed``: a local instance, which gets no new nodes, so a
+    layout that cannot be placed is refused now instead of waited for.
+
+    auto: about one host per CPU (at most one per client), the CPUs shared out evenly;
+    with explicit ``clients_per_actor`` the CPUs are shared among its hosts (a fraction
+    each when there are more hosts than CPUs)."""
+    from raycobo.config import ConfigError
+
+    cpus, gpus = float(total.get("CPU", 0.0)), float(total.get("GPU", 0.0))
+    k = e.clients_per_actor
+    c = e.cpus_per_actor
+    if k == "auto":
+        if c == "auto" or c == 0:
+            hosts = min(n, max(1, int(cpus)))
+        else:
+            hosts = min(n, max(1, int(cpus // c))) if fixed else n
+        k = math.ceil(n / hosts)
+    hosts = math.ceil(n / k)
+    if c == "auto":
+        c = float(cpus // hosts) if cpus >= hosts else round(cpus / hosts, 4)
+        c = max(c, 0.0)
+    plan = HostPlan(int(k), float(c), hosts, e.gpus_per_client)
+    if not fixed:
+        return plan
+    gpu_host = e.gpus_per_client * plan.clients_per_actor
+    need_cpu, need_gpu = plan.hosts * plan.cpus_per_actor, e.gpus_per_client * n
+    short = None
+    if gpu_host > 0 and gpus == 0:
+        short = "GPUs, and this Ray instance has none (engine.num_gpus declares them)"
+    elif need_gpu > gpus + 1e-9 or gpu_host > node_max.get("GPU", 0.0) + 1e-9:
+        short = f"{need_gpu:g} GPUs ({gpu_host:g} per host); this Ray instance has {gpus:g}"
+    elif need_cpu > cpus + 1e-9 or plan.cpus_per_actor > node_max.get("CPU", 0.0) + 1e-9:
+        short = f"{need_cpu:g} CPUs; this Ray instance has {cpus:g}"
+    if short is not None:
+        raise ConfigError(
+            f"invalid config key 'engine': {_layout_keys(e)} ask for {plan.asks()} = {short}"
+            " (leave clients_per_actor/cpus_per_actor at auto, or change them)"
+        )
+    return plan
+
+
+def instance_resources() -> tuple[dict[str, float], dict[str, float]]:
+    """(total, largest node) resources of the Ray instance this process is connected to."""
+    import ray
+
+    total = {k: float(v) for k, v in ray.cluster_resources().items()}
+    node_max: dict[str, float] = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            for k, v in node.get("Resources", {}).items():
+                node_max[k] = max(node_max.get(k, 0.0), float(v))
+    return total, node_max
+
+
+def wait_for_hosts(refs: list, plan: HostPlan, e, echo=None, every_s: float = 10.0) -> list:
+    """Wait for every host's first answer (placed, data loaded), saying what is still
+    pending every ``every_s`` seconds; after ``engine.timeout_s`` stop with one line."""
+    import sys
+
+    import ray
+
+    echo = echo or (lambda msg: print(msg, file=sys.stderr))
+    start = time.monotonic()
+    pending = list(refs)
+    while pending:
+        left = e.timeout_s - (time.monotonic() - start)
+        if left <= 0:
+            from raycobo.config import ConfigError
+
+            avail = {
+                k: round(v, 3) for k, v in ray.available_resources().items() if k in ("CPU", "GPU")
+            }
+            raise ConfigError(
+                f"invalid config key 'engine': {len(pending)} of {plan.hosts} hosts not started "
+                f"within engine.timeout_s={e.timeout_s:g} s; {_layout_keys(e)} ask for "
+                f"{plan.asks()}, the cluster has {avail} available"
+            )
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(every_s, left))
+        if pending:
+            avail = {
+                k: round(v, 3) for k, v in ray.available_resources().items() if k in ("CPU", "GPU")
+            }
+            echo(
+                f"raycobo: waiting for {len(pending)} of {plan.hosts} client hosts to start "
+                f"({plan.asks()}; available {avail}; "
+                f"{time.monotonic() - start:.0f} s of engine.timeout_s={e.timeout_s:g})"
+            )
+    return ray.get(refs)

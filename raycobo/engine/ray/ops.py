@@ -1,0 +1,244 @@
+"""ClientOps over the host actors (used inside the coordinator): requests split by host,
+sent in parallel through the object store, retried while Ray restarts a lost host."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from raycobo import rng
+from raycobo.algorithms.base import Evaluation
+from raycobo.engine.ray.errors import HostsLost, actor_lost
+
+
+class RayClientOps:
+    """ClientOps whose clients live in ClientHost actors (used inside the Coordinator)."""
+
+    def __init__(
+        self,
+        hosts: list[Any],
+        layout: list[list[int]],
+        timeout_s: float,
+        retries: int,
+        on_failure: str = "restart",
+    ):
+        import ray
+
+        self.ray = ray
+        self.hosts = hosts
+        self.layout = layout
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.on_failure = on_failure
+        self.dead: set[int] = set()  # hosts given up on (engine.on_failure=drop)
+        self.events: list[dict[str, Any]] = []
+        self.n_clients = sum(len(b) for b in layout)
+        self.owner = torch.empty(self.n_clients, dtype=torch.int64)
+        self.local = torch.empty(self.n_clients, dtype=torch.int64)
+        for h, block in enumerate(layout):
+            self.owner[block] = h
+            self.local[block] = torch.arange(len(block))
+        infos = self._get([h.info.remote() for h in hosts])
+        self.dim = infos[0]["dim"]
+        self._sizes = torch.cat([i["sizes"] for i in infos])
+        self._layout = [tuple(b) for b in infos[0]["layout"]]
+        self.clusters = [c for i in infos for c in i["clusters"]]
+        self.host_devices = [i["device"] for i in infos]
+        self.host_gpu_ids = [i["gpu_ids"] for i in infos]
+        self.host_nodes = [i["node"] for i in infos]
+        self.device = torch.device("cpu")
+        self.coordination_s = 0.0
+        self.wait_s = 0.0
+        self.critical_compute_s = 0.0  # per call, the slowest host's compute, summed
+
+    # -- plumbing ----------------------------------------------------------------------
+    def _get(self, refs):
+        return self.ray.get(refs, timeout=self.timeout_s)
+
+    def _call(self, method: str, per_host: dict[int, tuple]) -> dict[int, Any]:
+        """Call ``method`` on several hosts in parallel; retry hosts that died (Ray
+        restarts them from their config, so they answer identically)."""
+        pending = dict(per_host)
+        out: dict[int, Any] = {}
+        for attempt in range(self.retries + 1):
+            t0 = time.perf_counter()
+            refs = {h: getattr(self.hosts[h], method).remote(*args) for h, args in pending.items()}
+            self.coordination_s += time.perf_counter() - t0
+            failed = {}
+            for h, ref in refs.items():
+                t1 = time.perf_counter()
+                try:
+                    out[h] = self._get(ref)
+                except actor_lost() as err:
+                    failed[h] = pending[h]
+                    self.events.append(
+                        {
+                            "event": "host_failed",
+                            "host": h,
+                            "attempt": attempt,
+                            "error": type(err).__name__,
+                        }
+                    )
+                self.wait_s += time.perf_counter() - t1
+            if not failed:
+                self.critical_compute_s += max((sec for _, sec in out.values()), default=0.0)
+                return {h: res for h, (res, _) in out.items()}
+            if self.on_failure == "drop":
+                self.dead |= set(failed)
+                raise HostsLost(sorted(c for h in failed for c in self.layout[h]))
+            pending = failed
+            self.await_restart(list(failed))
+        raise RuntimeError(f"client hosts {sorted(pending)} failed {self.retries + 1} times")
+
+    RESTART_WAIT_S = 120.0  # Ray notices a lost node after ~15 s, then places the actor
+
+    def await_restart(self, hosts: list[int]) -> None:
+        """Wait until Ray has restarted ``hosts``: a lost node is noticed by Ray's health
+        checks only after some seconds, then the actor is placed elsewhere and loads its
+        data again. Bounded by min(engine.timeout_s, RESTART_WAIT_S); a host that does
+        not answer by then (restarts used up, no room left) stops the run."""
+        from ray.exceptions import GetTimeoutError
+
+        bound = min(self.timeout_s, self.RESTART_WAIT_S)
+        deadline = time.monotonic() + bound
+        for h in hosts:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(
+                        f"client host {h} (clients {self.layout[h][0]}..{self.layout[h][-1]}) "
+                        f"was not restarted within {bound:g} s (engine.max_restarts, "
+                        "engine.timeout_s, room on the live nodes)"
+                    )
+                try:
+                    self.ray.get(self.hosts[h].info.remote(), timeout=min(left, 10.0))
+                    break
+                except (*actor_lost(), GetTimeoutError):
+                    time.sleep(0.5)
+
+    def _split(self, clients: torch.Tensor, *arrays: torch.Tensor):
+        clients = clients.cpu()
+        owners = self.owner[clients]
+        parts = {}
+        for h in torch.unique(owners).tolist():
+            mask = owners == h
+            parts[h] = (
+                mask,
+                self.local[clients[mask]],
+                *(a[mask.to(a.device)].cpu() for a in arrays),
+            )
+        return parts
+
+    # -- ClientOps -----------------------------------------------------------------------
+    def live_hosts(self) -> list[int]:
+        """The hosts not given up on (engine.on_failure=drop)."""
+        return [h for h in range(len(self.hosts)) if h not in self.dead]
+
+    def _any_host(self) -> int:
+        return self.live_hosts()[0]
+
+    def initial_params(self) -> torch.Tensor:
+        h = self._any_host()
+        return self._call("initial_params", {h: ()})[h]
+
+    def random_params(self, salt: int) -> torch.Tensor:
+        h = self._any_host()
+        return self._call("random_params", {h: (salt,)})[h]
+
+    def data_sizes(self) -> torch.Tensor:
+        return self._sizes
+
+    def param_layout(self) -> list[tuple[int, int, int]]:
+        return self._layout
+
+    def grads(self, clients, Z, round, stream, salt=0):
+        m = clients.numel()
+        parts = self._split(clients, Z, rng.per_row(salt, m), rng.per_row(stream, m))
+        res = self._call(
+            "grads", {h: (loc, z, round, st, s) for h, (_, loc, z, s, st) in parts.items()}
+        )
+        return self._gather_grads(m, Z.dtype, parts, res)
+
+    def _gather_grads(self, m: int, dtype, parts: dict, res: dict):
+        """Per-host (G, losses) answers back into request order. -> (G (m, d), L (m,))"""
+        G = torch.empty(m, self.dim, dtype=dtype)
+        L = torch.empty(m, dtype=dtype)
+        for h, (mask, *_rest) in parts.items():
+            G[mask] = torch.from_numpy(res[h][0])
+            L[mask] = torch.from_numpy(res[h][1])
+        return G, L
+
+    def grads_async(self, clients, Z, round, stream, salt=0) -> AsyncGrads:
+        """Dispatch a gradient request and return at once (bounded-staleness rounds)."""
+        m = clients.numel()
+        parts = self._split(clients, Z, rng.per_row(salt, m), rng.per_row(stream, m))
+        refs = {
+            h: self.hosts[h].grads.remote(loc, z, round, st, s)
+            for h, (_, loc, z, s, st) in parts.items()
+        }
+        return AsyncGrads(self, (clients, Z, round, stream, salt), parts, refs, Z.dtype)
+
+    def losses(self, clients, Z, round, stream, salt=0):
+        m = clients.numel()
+        parts = self._split(clients, Z, rng.per_row(salt, m), rng.per_row(stream, m))
+        res = self._call(
+            "losses", {h: (loc, z, round, st, s) for h, (_, loc, z, s, st) in parts.items()}
+        )
+        L = torch.empty(m, dtype=Z.dtype)
+        for h, (mask, *_rest) in parts.items():
+            L[mask] = torch.from_numpy(res[h])
+        return L
+
+    def _live(self, parts: dict) -> dict:
+        """Evaluations skip the hosts that were dropped (their clients read NaN)."""
+        return {h: p for h, p in parts.items() if h not in self.dead}
+
+    def evaluate(self, clients, Z) -> Evaluation:
+        m = clients.numel()
+        parts = self._live(self._split(clients, Z))
+        res = self._call("evaluate", {h: (loc, z) for h, (_, loc, z) in parts.items()})
+        return self._gather_eval(m, parts, res)
+
+    def evaluate_mixture(self, clients, Z, weights) -> Evaluation:
+        m = clients.numel()
+        parts = self._live(self._split(clients, Z, weights))
+        res = self._call(
+            "evaluate_mixture", {h: (loc, z, w) for h, (_, loc, z, w) in parts.items()}
+        )
+        return self._gather_eval(m, parts, res)
+
+    @staticmethod
+    def _gather_eval(m: int, parts, res) -> Evaluation:
+        loss = torch.full((m,), float("nan"))
+        acc = torch.full((m,), float("nan"))
+        has_acc = True
+        for h, (mask, *_rest) in parts.items():
+            loss[mask] = torch.from_numpy(res[h][0])
+            if res[h][1] is None:
+                has_acc = False
+            else:
+                acc[mask] = torch.from_numpy(res[h][1])
+        return Evaluation(loss=loss, accuracy=acc if has_acc else None)
+
+
+class AsyncGrads:
+    """A gradient request in flight: ``ready()`` without blocking, ``result()`` blocks.
+    A host that died meanwhile is retried through the synchronous path."""
+
+    def __init__(self, ops: RayClientOps, request: tuple, parts: dict, refs: dict, dtype):
+        self.ops, self.request, self.parts, self.refs, self.dtype = ops, request, parts, refs, dtype
+
+    def ready(self) -> bool:
+        done, _ = self.ops.ray.wait(list(self.refs.values()), num_returns=len(self.refs), timeout=0)
+        return len(done) == len(self.refs)
+
+    def result(self) -> torch.Tensor:
+        from ray.exceptions import RayActorError
+
+        try:
+            res = {h: self.ops._get(ref)[0] for h, ref in self.refs.items()}  # drop timing
+        except RayActorError:
+            return self.ops.grads(*self.request)[0]
+        return self.ops._gather_grads(self.request[0].numel(), self.dtype, self.parts, res)[0]
