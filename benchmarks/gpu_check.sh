@@ -3,7 +3,9 @@
 #   1. the GPU tests (pytest -m gpu): local engine on CUDA and Ray hosts on GPU
 #      fractions give the CPU's numbers; fractions share one GPU and Ray accounts them;
 #   2. `raycobo bench ray` with the hosts on 1/80 of a GPU each and the local engine on
-#      CUDA, n = 8, 40, 80 and 1, 8, 40 clients per host (host-resident models or not).
+#      CUDA, n = 8, 40, 80 and 1, 8, 40 clients per host (host-resident models or not);
+#   3. `raycobo bench engine --device cuda`: cnn and resnet9 at n = 8, 40, 80, the local
+#      engine against the per-client loop, with peak GPU memory.
 # Usage: OUT=results/ [FMNIST=folder-of-idx-files FRACTION=0.05] benchmarks/gpu_check.sh
 # nvidia-smi's list of processes on the GPU is sampled every 2 s into $OUT/gpu_apps.csv.
 set -u
@@ -38,5 +40,10 @@ timeout 70 "${bench[@]}" --clients 8,40 --per-actor 1 --resident no --rounds 5 -
   2>&1 | tee -a "$OUT/bench.log"
 timeout 90 "${bench[@]}" --clients 80 --per-actor 1 --resident no --rounds 5 --out "$OUT/b3" \
   2>&1 | tee -a "$OUT/bench.log"
+# the local engine on CUDA (strategy auto: memory-bounded vmap) against the per-client
+# loop on CUDA, conv nets at the paper's scale (issue "Local engine": >= 8x at n = 80)
+mkdir -p "$OUT/b4"
+timeout 300 "$PY" -m raycobo bench engine --device cuda --model cnn,resnet9 --clients 8,40,80 \
+  --rounds 3 --out "$OUT/b4" 2>&1 | tee -a "$OUT/bench.log"
 kill $sampler 2>/dev/null
 exit 0

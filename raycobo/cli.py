@@ -384,6 +384,7 @@ def bench_engine_cmd(
     rounds: Annotated[int, typer.Option(help="timed rounds per measurement")] = 5,
     batch_size: Annotated[int, typer.Option()] = 32,
     threads: Threads = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     out: Out = None,
     debug: Debug = False,
 ) -> None:
@@ -403,7 +404,9 @@ def bench_engine_cmd(
         if any(a not in ("cobo", "fedavg") for a in algos):
             raise ConfigError(f"--algorithms must be cobo and/or fedavg, got '{algorithms}'")
         ns = _int_list(clients, "--clients")
-        rows = bench_engine(names, ns, rounds, batch_size, out, typer.echo, algos, threads)
+        rows = bench_engine(
+            names, ns, rounds, batch_size, out, typer.echo, algos, threads, device=device
+        )
         typer.echo(as_markdown(rows))
         if out is not None:
             typer.echo(f"wrote {out}/bench_engine.csv")

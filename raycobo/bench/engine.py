@@ -64,22 +64,30 @@ def measure(
     rounds: int,
     batch_size: int,
     threads: int,
+    device: str = "cpu",
 ) -> list[dict]:
-    """One (model, n, engine): ms per round of each algorithm, one evaluation, peak RSS.
-    Runs in its own process (see bench_engine)."""
+    """One (model, n, engine): ms per round of each algorithm, one evaluation, peak RSS
+    (and peak GPU memory on CUDA). Runs in its own process (see bench_engine)."""
     from raycobo.algorithms import build_algorithm, evaluate
     from raycobo.config import with_overrides
     from raycobo.engine import make_local_ops
 
     torch.set_num_threads(threads)
-    cfg, data = workload(model, n, engine, batch_size)
+    cfg, data = workload(model, n, engine, batch_size, [f"engine.device={device}"])
     ops = make_local_ops(cfg, data)
+    cuda = device.startswith("cuda")
     out = []
     for name in algorithms:
         algo = build_algorithm(with_overrides(cfg, {"algorithm.name": name}).algorithm, 10**6, 0)
-        step = Stepper(algo, ops)
+        stepper = Stepper(algo, ops)
+
+        def step(t, stepper=stepper):
+            stepper(t)
+            if cuda:  # the GPU works asynchronously: a round ends with its kernels
+                torch.cuda.synchronize()
+
         sec = _time(step, rounds, warmup=1)
-        ev = _time(lambda t, step=step, algo=algo: evaluate(algo, step.state, ops), 1, warmup=0)
+        ev = _time(lambda t, s=stepper, a=algo: evaluate(a, s.state, ops), 1, warmup=0)
         out.append(
             {
                 "algorithm": name,
@@ -88,7 +96,7 @@ def measure(
                 "strategy": ops.execution.strategy,
             }
         )
-    peak = peak_rss_mb()
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb()
     return [{**r, "peak_mib": peak} for r in out]
 
 
@@ -102,9 +110,12 @@ def bench_engine(
     algorithms: list[str] = ("cobo",),
     threads: int | None = None,
     timeout_s: float = 3600.0,
+    device: str = "cpu",
 ) -> list[EngineRow]:
+    """Peak memory: the process's resident set on a CPU, the GPU memory allocated on
+    CUDA."""
     threads = threads or torch.get_num_threads()
-    echo(f"torch threads: {threads}, load average: {os.getloadavg()[0]:.2f}")
+    echo(f"torch threads: {threads}, load average: {os.getloadavg()[0]:.2f}, device {device}")
     rows: list[EngineRow] = []
     ctx = mp.get_context("spawn")
     for model in models:
@@ -113,7 +124,8 @@ def bench_engine(
             for engine in ("loop", "local"):
                 with ctx.Pool(1) as pool:
                     job = pool.apply_async(
-                        measure, (model, n, engine, list(algorithms), rounds, batch_size, threads)
+                        measure,
+                        (model, n, engine, list(algorithms), rounds, batch_size, threads, device),
                     )
                     found[engine] = job.get(timeout=timeout_s)
             for loop_r, local_r in zip(found["loop"], found["local"], strict=True):

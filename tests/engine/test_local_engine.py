@@ -77,14 +77,11 @@ def test_alignment_uses_each_clients_own_data(both_engines):
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_algorithms_agree_across_engines(both_engines, name):
+def test_algorithms_agree_across_engines(digits_cfg, name):
     """Every registered algorithm (a new one is covered by registering it)."""
-    cfg, data, vec, loop = both_engines
-    cfg = with_overrides(cfg, {"algorithm.name": name, **SHORT_RUN})
+    cfg = with_overrides(digits_cfg(), {"algorithm.name": name, **SHORT_RUN})
     results = []
-    for ops in (vec, loop):
-        algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
-        state = run_rounds(algo, ops, cfg.rounds)
+    for algo, ops, state in on_engines(cfg, cfg.rounds):  # vectorized, then the loop
         W = algo.collaboration(state)
         results.append((algo.eval_params(state), W, evaluate(algo, state, ops).loss))
     (Xv, Wv, Lv), (Xl, Wl, Ll) = results

@@ -16,8 +16,9 @@ from tests.helpers import ray_matches_local  # noqa: E402
 
 @pytest.fixture(scope="module")
 def three_nodes():
-    """A head and two workers with one CPU each; hosts of one CPU land on different
-    nodes. Any Ray started by other test modules is stopped first."""
+    """A head with no CPU and three workers with one CPU each: hosts of one CPU land on
+    different worker nodes, and one is left free for a restart. Any Ray started by
+    other test modules is stopped first."""
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
@@ -25,8 +26,8 @@ def three_nodes():
     # loopback addresses, as raycobo's own local instance (see engine.ray.layout.start_ray)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray_constants.ENABLE_RAY_CLUSTER = False
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
     try:
         assert cluster.address.startswith("127.0.0.1:"), cluster.address
         ray.init(address=cluster.address, log_to_driver=False)
@@ -66,7 +67,7 @@ def test_hosts_spread_over_nodes_and_equal_the_local_engine(three_nodes):
     cluster, _ = three_nodes
     _, report = ray_matches_local(_cfg(cluster.address), 4)
     nodes = report["host_nodes"]
-    assert len(nodes) == 2 and len(set(nodes)) == 2  # one CPU per node: two nodes
+    assert len(nodes) == 2 and len(set(nodes)) == 2  # one CPU per worker: two nodes
     alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert set(nodes) <= alive
 
@@ -82,7 +83,11 @@ def test_a_node_removed_mid_run_its_host_restarts_elsewhere(three_nodes):
     def between(run, t):
         if t == 2:
             by_id = {w.node_id: w for w in workers}
-            target = next(n for n in run.host_nodes if n in by_id)  # a worker, not the head
+            # every node here is 127.0.0.1, so the driver (and the coordinator with it)
+            # may sit on any raylet: remove a host's node that is not the driver's
+            driver = ray.get_runtime_context().get_node_id()
+            removed["driver"], removed["coordinator"] = driver, run.coordinator_node
+            target = next(n for n in run.host_nodes if n in by_id and n != driver)
             removed["node"] = target
             infos = [ray.get(h.info.remote(), timeout=60) for h in run.hosts]
             # a machine lost: its raylet and, with it, the worker processes on it
@@ -95,6 +100,7 @@ def test_a_node_removed_mid_run_its_host_restarts_elsewhere(three_nodes):
 
     _, report = ray_matches_local(_cfg(cluster.address), 5, between=between)
     assert removed["node"] in report["host_nodes"]
+    assert report["coordinator_node"] == removed["driver"]  # it lives with the driver
     assert removed["node"] not in removed["now"] and len(set(removed["now"])) == 2
     alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert set(removed["now"]) <= alive

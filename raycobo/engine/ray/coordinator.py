@@ -84,6 +84,7 @@ class CoordinatorImpl(ResidentRounds):
             "host_devices": self.ops.host_devices,
             "host_gpu_ids": self.ops.host_gpu_ids,
             "host_nodes": self.ops.host_nodes,
+            "coordinator_node": self.ops.ray.get_runtime_context().get_node_id(),
         }
 
     def round(self, t: int) -> dict[str, float]:

@@ -74,10 +74,11 @@ class RayRun:
         Coord = ray.remote(CoordinatorImpl)
         # The coordinator's math (W updates, penalties) is light next to the hosts'
         # forward/backward passes; it reserves no CPU so hosts can take them all.
-        # It lives on the driver's node: a run outlives the loss of any other node.
+        # It lives on the driver's node (not soft: Ray's soft affinity was seen to place it
+        # elsewhere), so a run outlives the loss of any other node.
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.coordinator = Coord.options(num_cpus=0, scheduling_strategy=here).remote(
             cfg_dict, self.hosts, self.layout
         )
@@ -87,6 +88,7 @@ class RayRun:
         self.host_devices = info["host_devices"]
         self.host_gpu_ids = info["host_gpu_ids"]
         self.host_nodes = info["host_nodes"]
+        self.coordinator_node = info["coordinator_node"]
         self.device = torch.device("cpu")
         self.name = cfg.algorithm.name
         from raycobo.algorithms import ALGORITHMS
@@ -142,6 +144,7 @@ class RayRun:
             "host_devices": self.host_devices,
             "host_gpu_ids": self.host_gpu_ids,
             "host_nodes": self.host_nodes,
+            "coordinator_node": self.coordinator_node,
             "cpus_per_actor": self.cfg.engine.cpus_per_actor,
             **rep,
         }
