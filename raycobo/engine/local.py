@@ -292,21 +292,16 @@ class LoopOps(_SupervisedBase):
         for a in range(0, idx.numel(), step):
             yield self.test_x[idx[a : a + step]], y[a : a + step]
 
-    @torch.no_grad()
-    def evaluate_mixture(
-        self, clients: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor
-    ) -> Evaluation:
+    def _scored(self, clients: torch.Tensor, logprobs) -> Evaluation:
+        """Test loss and accuracy of every client, block by block: ``logprobs(row, x)``
+        gives the log-probabilities (blk, C) that client row ``row`` predicts for x."""
         losses, accs = [], []
-        module = self.model.module
         for r, c in enumerate(clients.tolist()):
             nll = correct = count = 0.0
             for x, y in self._blocks(c):
-                probs = 0
-                for j in range(Z.shape[1]):
-                    self.model.load_into(module, Z[r, j])
-                    probs = probs + weights[r, j] * torch.softmax(module(x), dim=-1)
-                nll += float(-torch.log(probs.gather(1, y[:, None]).clamp_min(1e-30)).sum())
-                correct += float((probs.argmax(-1) == y).sum())
+                lp = logprobs(r, x)
+                nll -= float(lp.gather(1, y[:, None]).sum())
+                correct += float((lp.argmax(-1) == y).sum())
                 count += y.numel()
             losses.append(nll / count)
             accs.append(correct / count)
@@ -314,18 +309,26 @@ class LoopOps(_SupervisedBase):
         return Evaluation(torch.tensor(losses, device=dev), torch.tensor(accs, device=dev))
 
     @torch.no_grad()
-    def evaluate(self, clients: torch.Tensor, Z: torch.Tensor) -> Evaluation:
-        losses, accs = [], []
+    def evaluate_mixture(
+        self, clients: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor
+    ) -> Evaluation:
         module = self.model.module
-        for k, c in enumerate(clients.tolist()):
-            self.model.load_into(module, Z[k])
-            nll = correct = count = 0.0
-            for x, y in self._blocks(c):
-                logits = module(x)
-                nll += float(F.cross_entropy(logits, y, reduction="sum"))
-                correct += float((logits.argmax(-1) == y).sum())
-                count += y.numel()
-            losses.append(nll / count)
-            accs.append(correct / count)
-        dev = self.device
-        return Evaluation(torch.tensor(losses, device=dev), torch.tensor(accs, device=dev))
+
+        def mixture(r: int, x: torch.Tensor) -> torch.Tensor:
+            probs = 0
+            for j in range(Z.shape[1]):
+                self.model.load_into(module, Z[r, j])
+                probs = probs + weights[r, j] * torch.softmax(module(x), dim=-1)
+            return torch.log(probs.clamp_min(1e-30))
+
+        return self._scored(clients, mixture)
+
+    @torch.no_grad()
+    def evaluate(self, clients: torch.Tensor, Z: torch.Tensor) -> Evaluation:
+        module = self.model.module
+
+        def own(r: int, x: torch.Tensor) -> torch.Tensor:
+            self.model.load_into(module, Z[r])  # once per block: cheap next to the forward
+            return torch.log_softmax(module(x), dim=-1)
+
+        return self._scored(clients, own)
