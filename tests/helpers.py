@@ -56,13 +56,16 @@ def run_local(cfg, rounds: int):
     return algo.eval_params(state), algo.collaboration(state), evaluate(algo, state, ops).loss
 
 
-def run_ray(cfg, rounds: int, between=None):
+def run_ray(cfg, rounds: int, between=None, hosts_load: bool = False):
     """The same on the Ray engine (Ray already started): ((X, W, loss), engine report).
-    ``between(run, t)`` is called before each round (to kill hosts, join clients)."""
+    ``between(run, t)`` is called before each round (to kill hosts, join clients). The
+    hosts get their data from the driver through the object store, as in a run, or with
+    ``hosts_load`` load it themselves from the config."""
     from raycobo.data import load_data
     from raycobo.engine.ray import RayRun
 
-    run = RayRun(cfg, load_data(cfg).n_clients)
+    data = load_data(cfg)
+    run = RayRun(cfg, data.n_clients, None if hosts_load else data)
     try:
         state = run.init(run)
         for t in range(rounds):
@@ -75,7 +78,9 @@ def run_ray(cfg, rounds: int, between=None):
         run.close()
 
 
-def ray_matches_local(cfg, rounds: int, atol: float = 1e-5, rtol: float = 1e-4, between=None):
+def ray_matches_local(
+    cfg, rounds: int, atol: float = 1e-5, rtol: float = 1e-4, between=None, hosts_load=False
+):
     """Run ``cfg`` on the local engine (on the CPU) and on Ray for ``rounds`` rounds and
     assert the same models, W and evaluation losses. -> (local (X, W, loss), Ray report)"""
     from torch.testing import assert_close
@@ -83,7 +88,7 @@ def ray_matches_local(cfg, rounds: int, atol: float = 1e-5, rtol: float = 1e-4, 
     from raycobo.config import with_overrides
 
     local = run_local(with_overrides(cfg, {"engine.device": "cpu"}), rounds)
-    remote, report = run_ray(cfg, rounds, between)
+    remote, report = run_ray(cfg, rounds, between, hosts_load)
     for name, r, ref in zip(("models", "W", "losses"), remote, local, strict=True):
         if ref is None:
             assert r is None, name

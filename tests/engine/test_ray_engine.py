@@ -387,7 +387,7 @@ def test_default_layout_fits_the_instance(ray_2_cpus_2_fake_gpus, quad_cfg_modul
             "algorithm.name": "cobo",
         },
     )
-    _, report = ray_matches_local(cfg, 3)
+    _, report = ray_matches_local(cfg, 3, hosts_load=True)  # hosts load the data set
     assert report["hosts"] == 2 and report["clients_per_actor"] == 4
     assert report["cpus_per_actor"] == 1.0
     assert len(report["host_nodes"]) == 2 and all(report["host_nodes"])

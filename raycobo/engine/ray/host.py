@@ -19,7 +19,17 @@ from raycobo.engine.ray.layout import host_layout
 class ClientHostImpl:
     """The body of the ClientHost actor (plain class, so it can be tested in-process)."""
 
-    def __init__(self, cfg_dict: dict[str, Any], clients: list[int], slow_s: float = 0.0):
+    def __init__(
+        self,
+        cfg_dict: dict[str, Any],
+        clients: list[int],
+        slow_s: float = 0.0,
+        n_total: int | None = None,
+        subset=None,
+    ):
+        """``subset``: this host's clients' data, put in the object store once by the
+        driver (Ray keeps it for restarts); without it the host loads the data set from
+        the config and keeps its clients' part (the same, deterministically)."""
         from raycobo.config import validate
         from raycobo.data import load_data
 
@@ -44,11 +54,13 @@ class ClientHostImpl:
         torch.set_num_threads(cfg.engine.threads or max(1, int(cfg.engine.cpus_per_actor)))
         from raycobo.engine import make_local_ops
 
-        data = load_data(cfg)  # rebuilt from the config: a restarted host serves the same
-        self.ops = make_local_ops(cfg, data.subset(clients), self.device, torch.tensor(clients))
-        self.layout = host_layout(data.n_clients, cfg.engine.clients_per_actor)
+        if subset is None:
+            data = load_data(cfg)  # rebuilt from the config: deterministic
+            n_total, subset = data.n_clients, data.subset(clients)
+            del data
+        self.ops = make_local_ops(cfg, subset, self.device, torch.tensor(clients))
+        self.layout = host_layout(n_total, cfg.engine.clients_per_actor)
         self.ids = torch.tensor(clients, device=self.device)
-        del data
 
     # -- host-resident CoBo (engine.resident): the host keeps its clients' models and
     # their W rows; a round is two calls, res_grads then res_update --------------------

@@ -24,7 +24,9 @@ class RayRun:
     """Driver-side handle: looks like (ClientOps, Algorithm) to ``run_experiment`` while
     state stays in the coordinator and data in the hosts."""
 
-    def __init__(self, cfg: Config, n_clients: int):
+    def __init__(self, cfg: Config, n_clients: int, data=None):
+        """``data``: the loaded data set, when the driver has it: each host then gets its
+        clients' part through the object store instead of loading the data set itself."""
         import ray
 
         e = cfg.engine
@@ -53,6 +55,10 @@ class RayRun:
         self.layout = host_layout(n, e.clients_per_actor)
         cfg_dict = cfg.to_dict()
         Host = ray.remote(ClientHostImpl)
+        # one load in the driver, one object per host; held here for as long as the run
+        # lasts, so that a host Ray restarts (on any node) finds its data again
+        parts = [] if data is None else [ray.put(data.subset(b)) for b in self.layout]
+        self._host_data = parts
         self.hosts = []
         for h, block in enumerate(self.layout):
             slow = e.slow_seconds if h in e.slow_hosts else 0.0
@@ -64,7 +70,7 @@ class RayRun:
                     num_gpus=e.gpus_per_client * len(block),
                     max_restarts=e.max_restarts if e.on_failure == "restart" else 0,
                     name=None,
-                ).remote(cfg_dict, block, slow)
+                ).remote(cfg_dict, block, slow, n, None if data is None else parts[h])
             )
         try:  # every host placed and its data loaded, or one line saying what is missing
             wait_for_hosts([h.info.remote() for h in self.hosts], self.plan, e)
@@ -158,4 +164,4 @@ class RayRun:
 
 def make_ray_run(cfg: Config, data) -> RayRun:
     """Start (or join) Ray and place the hosts and the coordinator for ``cfg``."""
-    return RayRun(cfg, data.n_clients)
+    return RayRun(cfg, data.n_clients, data)
