@@ -4,8 +4,9 @@
   answers the engine primitive -- gradients/losses of its clients at given points, and
   test metrics -- with the same batched code as the local engine, on CUDA when Ray
   assigned it a GPU. It requests ``gpus_per_client * clients`` GPUs and
-  ``cpus_per_actor`` CPUs. Its data is rebuilt deterministically from the config, so a
-  restarted host (Ray's ``max_restarts``) serves the same batches as before.
+  ``cpus_per_actor`` CPUs. Its clients' data comes from the driver through the object
+  store (the driver loads the data set once and keeps the objects for the whole run),
+  so a restarted host (Ray's ``max_restarts``) serves the same batches as before.
 - ``Coordinator`` (actor) owns the algorithm state (models, W), the edge sampler and the
   round counter. Each round it runs the algorithm, which asks for the alignment
   gradients of the sampled edges and the model-step gradients; the coordinator sends
