@@ -190,6 +190,13 @@ class RunDir(BaseCallback):
                     f"run directory {self.path} already holds a finished run; choose another "
                     f"--out, or extend it with: raycobo run --resume {self.path} rounds=N"
                 )
+            nothing_done = (
+                status in ("failed", "interrupted")
+                and old.get("last_round") == 0
+                and ckpt.latest_checkpoint(self.checkpoints) is None
+            )
+            if nothing_done:  # e.g. a setting refused while the run started: begin anew
+                return None
             if old is not None or (self.path / "config.yaml").exists():
                 where = f" at round {old.get('last_round', 0)}" if old else ""
                 raise ConfigError(

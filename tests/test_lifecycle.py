@@ -226,3 +226,16 @@ def test_signal_ends_a_run_interrupted_and_resume_finishes_it(tmp_path, sig):
         np.load(tmp_path / "cut" / "collaboration.npy"),
         np.load(tmp_path / "whole" / "collaboration.npy"),
     )
+
+
+def test_a_run_that_failed_before_its_first_round_can_be_run_again(tmp_path, quad_cfg):
+    """A setting refused while the run starts (here CoBo's stability bound) leaves a
+    failed directory with nothing measured: fixing the setting and running into the same
+    --out starts anew instead of pointing to --resume."""
+    bad = quad_cfg("data.partition.clients_per_cluster=20", "algorithm.rho=0.3")
+    with pytest.raises(ConfigError, match="algorithm.rho"):
+        run_experiment(bad, tmp_path / "a")
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert s["status"] == "failed" and s["last_round"] == 0
+    ok = quad_cfg("data.partition.clients_per_cluster=20", "rounds=4")
+    assert run_experiment(ok, tmp_path / "a").summary["status"] == "completed"
