@@ -10,15 +10,18 @@ from collections.abc import Callable
 
 from raycobo.algorithms.base import Algorithm, ClientOps, Evaluation, evaluate
 from raycobo.algorithms.cobo import CoBo
+from raycobo.algorithms.countsketch import CountSketchFL
 from raycobo.algorithms.ditto import Ditto
 from raycobo.algorithms.fc import FederatedClustering
 from raycobo.algorithms.fedavg import FedAvg, FedAvgFT
 from raycobo.algorithms.federico import FedeRiCo
-from raycobo.algorithms.fedsep import CountSketchFL, FedSep, FedSepHetero, TopKEF
+from raycobo.algorithms.fedsep import FedSep
+from raycobo.algorithms.fedsep_hetero import FedSepHetero
 from raycobo.algorithms.ifca import IFCA
 from raycobo.algorithms.l2c import L2C, MetaL2C
 from raycobo.algorithms.local import Local
 from raycobo.algorithms.oracle import Oracle
+from raycobo.algorithms.topk_ef import TopKEF
 from raycobo.algorithms.validation import ValidationBased
 from raycobo.config import AlgorithmConfig, choose
 

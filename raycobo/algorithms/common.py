@@ -6,6 +6,7 @@ import torch
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
+from raycobo.config import AlgorithmConfig
 
 
 def top_indices(v: torch.Tensor, k: int) -> torch.Tensor:
@@ -75,3 +76,29 @@ def group_average(
 def same_group_matrix(groups: torch.Tensor) -> torch.Tensor:
     """W_ij = 1 when clients i and j share a group, else 0. groups: (n,) -> (n, n)."""
     return (groups[:, None] == groups[None, :]).to(torch.float32)
+
+
+# communication: bytes per sent float32 value / int32 index; the compressed baselines
+# (Top-K with error feedback, Count-Sketch)
+
+FLOAT, INDEX = 4, 4
+
+
+def top_count(cfg: AlgorithmConfig, d: int) -> int:
+    """K of the top-K compressors, from ``algorithm.topk_fraction``."""
+    return max(1, min(d, round(cfg.topk_fraction * d)))
+
+
+def local_updates(ops: ClientOps, x: torch.Tensor, cfg: AlgorithmConfig, seed: int, t: int):
+    """The sampled clients' local SGD updates from the global model x (d,).
+    -> (clients (m,), updates y - x (m, d), first-step losses (m,))"""
+    clients = sample_clients(ops.n_clients, cfg.client_rate, seed, t).to(x.device)
+    start = x.expand(clients.numel(), -1)
+    Y, loss = local_sgd(ops, clients, start, cfg.lr, cfg.local_steps, t, rng.STEP)
+    return clients, Y - start, loss
+
+
+def top_k(V: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest-magnitude entries of every row, zero the rest."""
+    idx = top_indices(V.abs(), k)
+    return torch.zeros_like(V).scatter_(1, idx, V.gather(1, idx))

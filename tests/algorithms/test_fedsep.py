@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from raycobo.algorithms.common import top_k
 from raycobo.algorithms.fedsep import (
     active_set,
     encode_exact,
@@ -13,7 +14,6 @@ from raycobo.algorithms.fedsep import (
     gaussian_sketch,
     lasso_decode,
     spectral_norm_sq,
-    top_k,
 )
 from raycobo.config import ConfigError
 from tests.helpers import build, on_engines, run_rounds
@@ -173,7 +173,7 @@ def test_channel_mask_gradient_matches_finite_differences(digits_cfg):
     """d L(expand(a) . omega) / d a_u, assembled from one gradient call, against central
     differences of the same minibatch loss."""
     from raycobo import rng
-    from raycobo.algorithms.fedsep import expand_mask, unit_gradient
+    from raycobo.algorithms.fedsep_hetero import expand_mask, unit_gradient
 
     _, ops, algo = _hetero(digits_cfg)
     state = algo.init(ops)
@@ -197,7 +197,7 @@ def test_learned_masks_keep_useful_channels_within_budget(digits_cfg):
     """In a trained model, half of the first hidden layer is made to feed nothing forward
     (zero outgoing weights): the data-chosen masks drop those channels; every layer keeps
     ceil(p * C) channels."""
-    from raycobo.algorithms.fedsep import HeteroState
+    from raycobo.algorithms.fedsep_hetero import HeteroState
 
     _, ops, full = _hetero(digits_cfg, "algorithm.budgets=[1.0]", "algorithm.local_steps=5")
     trained = run_rounds(full, ops, 40)
@@ -272,7 +272,7 @@ def test_heterogeneous_needs_hidden_layers(quad_cfg):
 
 
 def test_count_sketch_is_linear_and_recovers_heavy_coordinates():
-    from raycobo.algorithms.fedsep import count_sketch, sketch_hashes, unsketch
+    from raycobo.algorithms.countsketch import count_sketch, sketch_hashes, unsketch
 
     d, rows, cols = 500, 5, 100
     bucket, sign = sketch_hashes(d, rows, cols, seed=0)
@@ -312,7 +312,7 @@ def test_count_sketch_training_lowers_the_loss_and_guards_its_size(digits_cfg):
 def test_top_k_breaks_ties_toward_the_lower_index():
     """Equal magnitudes (common with integer-valued pixels) must select the same entries
     on every device: the lower indices."""
-    from raycobo.algorithms.fedsep import top_k
+    from raycobo.algorithms.common import top_k
 
     V = torch.tensor([[1.0, -3.0, 3.0, 0.5, -3.0], [2.0, 2.0, 2.0, 2.0, 1.0]])
     assert torch.equal(top_k(V, 2), torch.tensor([[0.0, -3.0, 3.0, 0.0, 0.0], [2, 2, 0, 0, 0.0]]))
