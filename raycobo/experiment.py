@@ -202,7 +202,6 @@ def _run(cfg: Config, writer: RunDir, found, callbacks: list, progress: Any) -> 
     ctx = RunContext(cfg, run_dir)
     start = time.perf_counter()
     rs: RunState | None = None
-    observers: list[Any] = [writer, *callbacks]
     algo = ops = None
     try:
         ops, algo = build_run(cfg)
@@ -223,9 +222,11 @@ def _run(cfg: Config, writer: RunDir, found, callbacks: list, progress: Any) -> 
             )
         else:
             rs = RunState.restore(algo, template, data)
-        loop = _Loop(cfg, algo, ops, ctx, rs, observers, writer, start)
+        loop = _Loop(cfg, algo, ops, ctx, rs, writer, callbacks, start)
         if found is None:
-            loop.tell_eval(0, loop.record(0, {}))
+            row = loop.record(0, {})
+            writer.on_eval(ctx, 0, row)
+            loop.tell_eval(0, row)
         if progress is not None:
             progress.start(cfg.rounds)
             for _ in range(rs.round):
@@ -261,9 +262,9 @@ def _run(cfg: Config, writer: RunDir, found, callbacks: list, progress: Any) -> 
         raise RunFailed(run_dir, reason, last) from err
     if progress is not None:
         progress.stop()
-    summary = _final_summary(cfg, algo, ops, ctx, rs, found, start)
-    W = summary["collaboration"]
-    W_np = np.asarray(W, dtype=np.float32) if W is not None else None
+    W = algo.collaboration(rs.algo_state)
+    W_np = W.detach().float().cpu().numpy() if W is not None else None
+    summary = _final_summary(cfg, algo, ops, ctx, rs, found, start, W, W_np)
     if W_np is not None:
         rs.snapshots.setdefault(cfg.rounds, W_np)
     artifacts = algo.artifacts(rs.algo_state) if hasattr(algo, "artifacts") else {}
@@ -275,12 +276,13 @@ def _run(cfg: Config, writer: RunDir, found, callbacks: list, progress: Any) -> 
 
 
 class _Loop:
-    """Steps a RunState one round at a time and tells the observers (the run directory
-    first, then tracking, sweeps, ...)."""
+    """Steps a RunState one round at a time and tells the run directory, then the other
+    callbacks (tracking, sweeps, ...): a round's rows reach the run directory before the
+    checkpoint that covers them, the callbacks see that checkpoint (``ctx.checkpoint``)."""
 
-    def __init__(self, cfg, algo, ops, ctx, rs: RunState, observers, writer: RunDir, start):
+    def __init__(self, cfg, algo, ops, ctx, rs: RunState, writer: RunDir, callbacks, start):
         self.cfg, self.algo, self.ops, self.ctx, self.rs = cfg, algo, ops, ctx, rs
-        self.observers, self.writer, self.start = observers, writer, start
+        self.writer, self.callbacks, self.start = writer, callbacks, start
         self.evals = eval_rounds(cfg.rounds, cfg.eval_every)
         self.snap_at = set(heatmap_rounds(cfg))
         self.ckpt_at = cfg.checkpoint_rounds()
@@ -314,14 +316,14 @@ class _Loop:
             raise FloatingPointError(f"non-finite training statistics at round {r}: {stats}")
         rs.round = r
         rs.bytes_sent += stats.get("bytes_sent", 0.0)
-        for cb in self.observers:
+        for cb in (self.writer, *self.callbacks):
             cb.on_round_end(ctx, r, stats)
         if r in self.snap_at:
             W = algo.collaboration(rs.algo_state)
             if W is not None:
                 rs.snapshots[r] = W.detach().float().cpu().numpy()
         row = self.record(r, stats) if r in self.evals else None
-        if row is not None:  # the run directory's rows before the checkpoint that covers them
+        if row is not None:
             self.writer.on_eval(ctx, r, row)
         if r in self.ckpt_at:
             wall = rs.wall_before + time.perf_counter() - self.start
@@ -329,25 +331,22 @@ class _Loop:
             payload["mlflow_run_id"] = ctx.mlflow_run_id
             ctx.checkpoint = (r, self.writer.checkpoint(r, payload))
         if row is not None:
-            self.tell_eval(r, row, skip_writer=True)
+            self.tell_eval(r, row)
         return row, stats
 
-    def tell_eval(self, r: int, row: dict[str, Any], skip_writer: bool = False) -> None:
-        for cb in self.observers:
-            if not (skip_writer and cb is self.writer):
-                cb.on_eval(self.ctx, r, row)
+    def tell_eval(self, r: int, row: dict[str, Any]) -> None:
+        for cb in self.callbacks:
+            cb.on_eval(self.ctx, r, row)
 
 
 def _compact(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in h.items() if k != "clients"} for h in history]
 
 
-def _final_summary(cfg, algo, ops, ctx, rs: RunState, found, start) -> dict[str, Any]:
+def _final_summary(cfg, algo, ops, ctx, rs: RunState, found, start, W, W_np) -> dict[str, Any]:
     final = rs.history[-1]
     state = rs.algo_state
-    W = algo.collaboration(state)
     extras = algo.summary_extras() if hasattr(algo, "summary_extras") else None
-    W_list = W.detach().float().cpu().numpy().tolist() if W is not None else None
     summary = {
         "status": "completed",
         "name": cfg.name,
@@ -363,7 +362,7 @@ def _final_summary(cfg, algo, ops, ctx, rs: RunState, found, start) -> dict[str,
         "mean_loss": final["mean_loss"],
         "mean_perplexity": final.get("mean_perplexity"),
         "clients": final["clients"],
-        "collaboration": W_list,
+        "collaboration": W_np.tolist() if W_np is not None else None,
         "cluster_agreement": agreement_of(algo, state, W, ctx.clusters),
         "megabytes_sent": rs.bytes_sent / 1e6 if rs.bytes_sent else None,
         "membership": rs.membership,
