@@ -98,7 +98,25 @@ def local_updates(ops: ClientOps, x: torch.Tensor, cfg: AlgorithmConfig, seed: i
     return clients, Y - start, loss
 
 
+# Bits of float32 mantissa that the magnitude ranking of top_k ignores: magnitudes that
+# agree to the remaining 11 bits (relative 2^-11, about 5e-4) rank as ties. CPU and CUDA
+# sum in different orders, so magnitudes that are equal in exact arithmetic (gradients of
+# pixels that are equal across a batch) come out a few ulps apart: on an H200, 9 entries
+# of one client's Top-K update were 0.0387636349 on CUDA while 4 of them were
+# 0.0387636386 on the CPU, and each device kept a different 2 of them.
+RANK_BITS_IGNORED = 12
+
+
+def rank_key(mag: torch.Tensor) -> torch.Tensor:
+    """A monotone coarsening of non-negative magnitudes for ranking: float32 with its
+    last RANK_BITS_IGNORED mantissa bits cleared (rounding toward zero keeps the order)."""
+    m = mag.float().contiguous()
+    mask = ~((1 << RANK_BITS_IGNORED) - 1)
+    return (m.view(torch.int32) & mask).view(torch.float32)
+
+
 def top_k(V: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the k largest-magnitude entries of every row, zero the rest."""
-    idx = top_indices(V.abs(), k)
+    """Keep the k largest-magnitude entries of every row, zero the rest. Magnitudes equal
+    up to rounding (``rank_key``) are ties, which go to the lower index on every device."""
+    idx = top_indices(rank_key(V.abs()), k)
     return torch.zeros_like(V).scatter_(1, idx, V.gather(1, idx))

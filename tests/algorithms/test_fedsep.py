@@ -316,3 +316,31 @@ def test_top_k_breaks_ties_toward_the_lower_index():
 
     V = torch.tensor([[1.0, -3.0, 3.0, 0.5, -3.0], [2.0, 2.0, 2.0, 2.0, 1.0]])
     assert torch.equal(top_k(V, 2), torch.tensor([[0.0, -3.0, 3.0, 0.0, 0.0], [2, 2, 0, 0, 0.0]]))
+
+
+def test_top_k_ranks_magnitudes_a_few_ulps_apart_as_ties():
+    """The H200 measurement (benchmarks/topk_cuda_diag.py): one client's update had 9
+    magnitudes equal in exact arithmetic; CUDA computed all 9 as 0.0387636349, the CPU 4
+    of them one rounding step higher (0.0387636386), and each device kept a different 2.
+    Ranked as ties they select the same (lowest) indices on both."""
+    from raycobo.algorithms.common import rank_key, top_k
+
+    low, high = 0.0387636349, 0.0387636386
+    assert torch.tensor(low) != torch.tensor(high)  # distinct float32 values
+    group = [832, 840, 848, 856, 863, 864, 870, 872, 880]
+    cuda = torch.zeros(1, 1210)
+    cuda[0, :10] = torch.linspace(0.5, 0.1, 10)  # 10 clear winners
+    cuda[0, group] = low
+    cpu = cuda.clone()
+    cpu[0, [856, 863, 870, 872]] = high  # the CPU's rounding: later entries one step up
+    k = 12
+    kept_cuda, kept_cpu = top_k(cuda, k) != 0, top_k(cpu, k) != 0
+    assert torch.equal(kept_cuda, kept_cpu)
+    assert kept_cuda[0].nonzero().flatten().tolist() == [*range(10), 832, 840]
+    # the key keeps the order of magnitudes that differ beyond rounding
+    m = torch.tensor([3.0, 1.0, 0.5, 0.25, 1e-3, 1e-30, 0.0])
+    keys = rank_key(m)
+    assert torch.all(keys[:-1] > keys[1:]) and keys[-1] == 0
+    x = torch.rand(10_000)
+    order = torch.argsort(x)
+    assert torch.all(rank_key(x[order]).diff() >= 0)  # monotone
