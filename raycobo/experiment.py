@@ -245,11 +245,18 @@ def _run(cfg: Config, writer: RunDir, found, callbacks: list, progress: Any) -> 
             if interrupted
             else f"{type(err).__name__}: {err}"
         )
-        last = rs.round if rs is not None else 0
+        if rs is not None:
+            last, history, before = rs.round, _compact(rs.history), rs.wall_before
+        else:  # failed while starting: a resumed directory still holds its checkpoint
+            prev = (writer.previous or {}) if found is not None else {}
+            last = found[0] if found is not None else 0
+            history = [h for h in prev.get("history", []) if h.get("round", 0) <= last]
+            before = prev.get("wall_seconds", 0.0)
         extra = {
-            "history": _compact(rs.history) if rs is not None else [],
-            "wall_seconds": (rs.wall_before if rs else 0.0) + time.perf_counter() - start,
-            "mlflow_run_id": ctx.mlflow_run_id,
+            "history": history,
+            "wall_seconds": before + time.perf_counter() - start,
+            "mlflow_run_id": ctx.mlflow_run_id
+            or ((writer.previous or {}).get("mlflow_run_id") if found is not None else None),
         }
         status = "interrupted" if interrupted else "failed"
         writer.fail(status, reason, last, extra)

@@ -239,3 +239,30 @@ def test_a_run_that_failed_before_its_first_round_can_be_run_again(tmp_path, qua
     assert s["status"] == "failed" and s["last_round"] == 0
     ok = quad_cfg("data.partition.clients_per_cluster=20", "rounds=4")
     assert run_experiment(ok, tmp_path / "a").summary["status"] == "completed"
+
+
+def test_a_resume_that_fails_while_starting_keeps_what_the_directory_holds(
+    tmp_path, quad_cfg, monkeypatch
+):
+    """Seen on the GPU machine: a resumed run whose data could not be loaded rewrote the
+    summary of a run interrupted at round 150 as 'failed at round 0' with no history.
+    The directory still holds its checkpoint: the summary says so."""
+    import raycobo.experiment as ex
+
+    cfg = quad_cfg("rounds=10", "eval_every=2")
+    with pytest.raises(RunFailed):
+        run_experiment(cfg, tmp_path / "a", [StopAt(5, RuntimeError("boom"))])
+
+    def gone(_cfg):
+        raise RuntimeError("data gone")
+
+    monkeypatch.setattr(ex, "build_run", gone)
+    with pytest.raises(RunFailed):
+        run_experiment(resume_config(tmp_path / "a"), tmp_path / "a", resume=True)
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert s["status"] == "failed" and "data gone" in s["error"]
+    assert s["last_round"] == 4 and s["checkpoint"].endswith("round_000004.pt")
+    assert [h["round"] for h in s["history"]] == [0, 2, 4]
+    monkeypatch.undo()
+    res = run_experiment(resume_config(tmp_path / "a"), tmp_path / "a", resume=True)
+    assert res.summary["status"] == "completed" and res.summary["resumed_from_round"] == 4
