@@ -73,6 +73,14 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def _choices(text: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in allowed]
+    if bad or not names:
+        raise ConfigError(f"{flag}: '{text}' (choose from {', '.join(allowed)})")
+    return names
+
+
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -385,11 +393,14 @@ def bench_engine_cmd(
     batch_size: Annotated[int, typer.Option()] = 32,
     threads: Threads = None,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    strategy: Annotated[
+        str, typer.Option(help="comma-separated local-engine strategies: auto, vmap, chunked")
+    ] = "auto",
     out: Out = None,
     debug: Debug = False,
 ) -> None:
-    """The local engine (its automatic strategy) vs the per-client loop: time per round
-    and peak memory, per model and n (each measured in a fresh process)."""
+    """The local engine (its automatic strategy, or those named) vs the per-client loop:
+    time per round and peak memory, per model and n (each measured in a fresh process)."""
 
     def go():
         from raycobo.bench.engine import SHAPES, as_markdown, bench_engine
@@ -404,12 +415,56 @@ def bench_engine_cmd(
         if any(a not in ("cobo", "fedavg") for a in algos):
             raise ConfigError(f"--algorithms must be cobo and/or fedavg, got '{algorithms}'")
         ns = _int_list(clients, "--clients")
+        strategies = _choices(strategy, "--strategy", ("auto", "vmap", "chunked"))
         rows = bench_engine(
-            names, ns, rounds, batch_size, out, typer.echo, algos, threads, device=device
+            names,
+            ns,
+            rounds,
+            batch_size,
+            out,
+            typer.echo,
+            algos,
+            threads,
+            device=device,
+            strategies=strategies,
         )
         typer.echo(as_markdown(rows))
         if out is not None:
             typer.echo(f"wrote {out}/bench_engine.csv")
+
+    _guarded(debug, go)
+
+
+@bench_app.command("profile")
+def bench_profile_cmd(
+    model: Annotated[str, typer.Option("--model")] = "mlp",
+    clients: Annotated[int, typer.Option()] = 40,
+    algorithm: Annotated[str, typer.Option(help="cobo or fedavg")] = "cobo",
+    engine: Annotated[str, typer.Option(help="local or loop")] = "local",
+    strategy: Annotated[str, typer.Option(help="auto, vmap, chunked")] = "auto",
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    rounds: Annotated[int, typer.Option(help="rounds timed, then profiled")] = 3,
+    batch_size: Annotated[int, typer.Option()] = 32,
+    rows: Annotated[int, typer.Option(help="operators listed")] = 25,
+    threads: Threads = None,
+    debug: Debug = False,
+) -> None:
+    """Where one round's time goes: ms/round, then torch.profiler's operator table."""
+
+    def go():
+        from raycobo.bench.engine import SHAPES
+        from raycobo.bench.profile import profile_round
+
+        _set_threads(threads)
+        _choices(model, "--model", tuple(SHAPES))
+        _choices(algorithm, "--algorithm", ("cobo", "fedavg"))
+        _choices(engine, "--engine", ("local", "loop"))
+        _choices(strategy, "--strategy", ("auto", "vmap", "chunked"))
+        typer.echo(
+            profile_round(
+                model, clients, algorithm, engine, strategy, device, rounds, batch_size, rows
+            )
+        )
 
     _guarded(debug, go)
 

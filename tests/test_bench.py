@@ -23,6 +23,8 @@ def test_bench_engine_and_scaling_write_their_outputs(tmp_path):
     assert "| mlp | 4 | cobo |" in res.output
     bad = CliRunner().invoke(app, ["bench", "engine", "--model", "vgg"])
     assert bad.exit_code == 2 and "--model" in bad.stderr
+    bad = CliRunner().invoke(app, ["bench", "engine", "--strategy", "fast"])
+    assert bad.exit_code == 2 and "--strategy" in bad.stderr
     res = CliRunner().invoke(
         app,
         [
@@ -79,3 +81,29 @@ def test_bench_ray_writes_its_rows(tmp_path):
         ("2", "1", "False"),
     ]
     assert all(float(r["ray_ms"]) > 0 and float(r["local_ms"]) > 0 for r in rows)
+
+
+def test_bench_engine_measures_each_named_strategy_against_one_loop(tmp_path):
+    args = ["bench", "engine", "--model", "mlp", "--clients", "4", "--rounds", "1"]
+    args += ["--strategy", "vmap,chunked", "--out", str(tmp_path)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((tmp_path / "bench_engine.csv").open()))
+    assert [(r["engine"], r["strategy"]) for r in rows] == [
+        ("loop", "loop"),
+        ("local", "vmap"),
+        ("local", "chunked"),
+    ]
+
+
+def test_bench_profile_prints_the_round_and_its_operators():
+    args = ["bench", "profile", "--model", "mlp", "--clients", "4", "--rounds", "1"]
+    res = CliRunner().invoke(app, [*args, "--rows", "5"])
+    assert res.exit_code == 0, res.output
+    head = res.output.splitlines()[0]
+    assert head.startswith("mlp, n=4, cobo, local (chunked) on cpu") and "ms/round" in head
+    assert "operator calls" in head and "aten::" in res.output
+    loop = CliRunner().invoke(app, [*args, "--engine", "loop", "--algorithm", "fedavg"])
+    assert loop.exit_code == 0 and "fedavg, loop (loop)" in loop.output.splitlines()[0]
+    bad = CliRunner().invoke(app, [*args, "--engine", "gpu"])
+    assert bad.exit_code == 2 and "--engine" in bad.stderr

@@ -65,15 +65,17 @@ def measure(
     batch_size: int,
     threads: int,
     device: str = "cpu",
+    strategy: str = "auto",
 ) -> list[dict]:
-    """One (model, n, engine): ms per round of each algorithm, one evaluation, peak RSS
-    (and peak GPU memory on CUDA). Runs in its own process (see bench_engine)."""
+    """One (model, n, engine, strategy): ms per round of each algorithm, one evaluation,
+    peak RSS (and peak GPU memory on CUDA). Runs in its own process (see bench_engine)."""
     from raycobo.algorithms import build_algorithm, evaluate
     from raycobo.config import with_overrides
     from raycobo.engine import make_local_ops
 
     torch.set_num_threads(threads)
-    cfg, data = workload(model, n, engine, batch_size, [f"engine.device={device}"])
+    extra = [f"engine.device={device}", f"engine.strategy={strategy}"]
+    cfg, data = workload(model, n, engine, batch_size, extra)
     ops = make_local_ops(cfg, data)
     cuda = device.startswith("cuda")
     out = []
@@ -93,7 +95,7 @@ def measure(
                 "algorithm": name,
                 "ms_per_round": 1e3 * sec,
                 "eval_ms": 1e3 * ev,
-                "strategy": ops.execution.strategy,
+                "strategy": ops.execution.strategy if engine == "local" else "loop",
             }
         )
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb()
@@ -111,49 +113,54 @@ def bench_engine(
     threads: int | None = None,
     timeout_s: float = 3600.0,
     device: str = "cpu",
+    strategies: list[str] = ("auto",),
 ) -> list[EngineRow]:
-    """Peak memory: the process's resident set on a CPU, the GPU memory allocated on
-    CUDA."""
+    """The loop once per (model, n), then the local engine with each of ``strategies``
+    (``auto`` is reported as what it chose). Peak memory: the process's resident set on
+    a CPU, the GPU memory allocated on CUDA."""
     threads = threads or torch.get_num_threads()
     echo(f"torch threads: {threads}, load average: {os.getloadavg()[0]:.2f}, device {device}")
     rows: list[EngineRow] = []
     ctx = mp.get_context("spawn")
+
+    def fresh(model, n, engine, strategy):
+        with ctx.Pool(1) as pool:
+            args = (model, n, engine, list(algorithms), rounds, batch_size, threads, device)
+            return pool.apply_async(measure, (*args, strategy)).get(timeout=timeout_s)
+
     for model in models:
         for n in clients:
-            found = {}
-            for engine in ("loop", "local"):
-                with ctx.Pool(1) as pool:
-                    job = pool.apply_async(
-                        measure,
-                        (model, n, engine, list(algorithms), rounds, batch_size, threads, device),
+            loop = fresh(model, n, "loop", "auto")
+            rows += [_row(model, n, "loop", r, r, threads) for r in loop]
+            for strategy in strategies:
+                for loop_r, r in zip(loop, fresh(model, n, "local", strategy), strict=True):
+                    rows.append(_row(model, n, "local", r, loop_r, threads))
+                    echo(
+                        f"{model:8s} n={n:4d} {r['algorithm']:6s} local ({r['strategy']}) "
+                        f"{r['ms_per_round']:9.1f} ms/round {r['peak_mib']:7.0f} MiB   "
+                        f"loop {loop_r['ms_per_round']:9.1f} ms/round "
+                        f"{loop_r['peak_mib']:7.0f} MiB   "
+                        f"x{loop_r['ms_per_round'] / r['ms_per_round']:.2f}"
                     )
-                    found[engine] = job.get(timeout=timeout_s)
-            for loop_r, local_r in zip(found["loop"], found["local"], strict=True):
-                for engine, r in (("loop", loop_r), ("local", local_r)):
-                    speed = loop_r["ms_per_round"] / r["ms_per_round"]
-                    rows.append(
-                        EngineRow(
-                            model,
-                            n,
-                            r["algorithm"],
-                            engine,
-                            r["strategy"],
-                            r["ms_per_round"],
-                            r["eval_ms"],
-                            speed,
-                            r["peak_mib"],
-                            threads,
-                        )
-                    )
-                echo(
-                    f"{model:8s} n={n:4d} {local_r['algorithm']:6s} local ({local_r['strategy']}) "
-                    f"{local_r['ms_per_round']:9.1f} ms/round {local_r['peak_mib']:7.0f} MiB   "
-                    f"loop {loop_r['ms_per_round']:9.1f} ms/round {loop_r['peak_mib']:7.0f} MiB   "
-                    f"x{loop_r['ms_per_round'] / local_r['ms_per_round']:.2f}"
-                )
     if out is not None:
         write_rows(out / "bench_engine.csv", rows)
     return rows
+
+
+def _row(model: str, n: int, engine: str, r: dict, loop_r: dict, threads: int) -> EngineRow:
+    speed = loop_r["ms_per_round"] / r["ms_per_round"]
+    return EngineRow(
+        model,
+        n,
+        r["algorithm"],
+        engine,
+        r["strategy"],
+        r["ms_per_round"],
+        r["eval_ms"],
+        speed,
+        r["peak_mib"],
+        threads,
+    )
 
 
 def as_markdown(rows: list[EngineRow]) -> str:
@@ -163,13 +170,13 @@ def as_markdown(rows: list[EngineRow]) -> str:
         "peak MiB local / loop |",
         "|---|---|---|---|---|---|---|",
     ]
-    by = {}
-    for r in rows:
-        by.setdefault((r.model, r.n, r.algorithm), {})[r.engine] = r
-    for (model, n, algo), pair in by.items():
-        a, b = pair["local"], pair["loop"]
+    loops = {(r.model, r.n, r.algorithm): r for r in rows if r.engine == "loop"}
+    for a in rows:
+        if a.engine != "local":
+            continue
+        b = loops[(a.model, a.n, a.algorithm)]
         lines.append(
-            f"| {model} | {n} | {algo} | {a.ms_per_round:.1f} ({a.strategy}) | "
+            f"| {a.model} | {a.n} | {a.algorithm} | {a.ms_per_round:.1f} ({a.strategy}) | "
             f"{b.ms_per_round:.1f} | x{b.ms_per_round / a.ms_per_round:.2f} | "
             f"{a.peak_mib:.0f} / {b.peak_mib:.0f} |"
         )
