@@ -284,3 +284,34 @@ def test_compare_resume_keeps_finished_runs_and_continues_the_rest(tmp_path, qua
     _, fresh, _ = run_compare(cfg, ["local", "cobo"], tmp_path / "fresh", seeds=[0, 1])
     for a, b in zip(rows, fresh, strict=True):
         assert a["mean_loss"] == b["mean_loss"] and a["algorithm"] == b["algorithm"]
+
+
+def test_side_by_side_processes_give_the_sequential_comparison(tmp_path, quad_cfg):
+    """benchmarks/fidelity/parallel_compare.py (a comparison without Ray: one `raycobo
+    run` process per entry, then `compare --resume`) writes the table that a sequential
+    `raycobo compare` writes, and a run cut off by its timeout leaves no table."""
+    import subprocess
+    import sys
+
+    from raycobo.compare import run_compare
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = tmp_path / "c.yaml"
+    spec.write_text(quad_cfg("rounds=6", "eval_every=3").to_yaml())
+    script = repo / "benchmarks" / "fidelity" / "parallel_compare.py"
+    entries = "compare.algorithms=[local,cobo]"
+    cmd = [sys.executable, str(script), str(spec), "--out", str(tmp_path / "p"), entries]
+    done = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, rows, _ = run_compare(
+        quad_cfg("rounds=6", "eval_every=3"), ["local", "cobo"], tmp_path / "s"
+    )
+    side = json.loads((tmp_path / "p" / "comparison.json").read_text())
+    keys = ("algorithm", "mean_loss", "mean_accuracy", "improved_vs_local")
+    assert [{k: r[k] for k in keys} for r in side] == [{k: r[k] for k in keys} for r in rows]
+    cut = [*cmd[:4], str(tmp_path / "t"), entries, "rounds=10000000", "--timeout", "10"]
+    late = subprocess.run(cut, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert late.returncode == 1 and "compare --resume" in late.stdout
+    assert not (tmp_path / "t" / "comparison.json").exists()
+    cut_off = json.loads((tmp_path / "t" / "cobo" / "summary.json").read_text())
+    assert cut_off["status"] == "interrupted" and cut_off["last_round"] > 0

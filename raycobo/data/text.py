@@ -119,6 +119,9 @@ def fetch_libreoffice_help(root: Path, lang: str) -> None:
 def libreoffice_corpus(cfg: DataConfig, lang: str) -> str:
     root = Path(os.path.expanduser(cfg.root or DEFAULT_HELP_ROOT))
     pages = help_pages(root, lang)
+    cache = root / f"{lang}.txt"  # the extracted prose, parsed once
+    if not pages and cache.is_file():  # the pages may be deleted once their prose is kept
+        return cache.read_text(encoding="utf-8")
     if not pages:
         if not cfg.download:
             raise ConfigError(
@@ -128,7 +131,6 @@ def libreoffice_corpus(cfg: DataConfig, lang: str) -> str:
             )
         fetch_libreoffice_help(root, lang)
         pages = help_pages(root, lang)
-    cache = root / f"{lang}.txt"  # the extracted prose, parsed once
     if cache.is_file() and cache.stat().st_mtime >= max(p.stat().st_mtime for p in pages):
         return cache.read_text(encoding="utf-8")
     seen: set[str] = set()

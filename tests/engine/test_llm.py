@@ -150,7 +150,7 @@ def text_cfg(root, *extra):
     )
 
 
-def test_help_pages_give_their_prose_paragraphs(help_root):
+def test_help_pages_give_their_prose_paragraphs(help_root, tmp_path):
     from raycobo.data.text import html_paragraphs, libreoffice_corpus
 
     page = next((help_root / "usr/share/libreoffice/help/ca/text").rglob("page00.html"))
@@ -161,6 +161,12 @@ def test_help_pages_give_their_prose_paragraphs(help_root):
     text = libreoffice_corpus(cfg, "ca")
     assert (help_root / "ca.txt").is_file()  # parsed once, cached
     assert libreoffice_corpus(cfg, "ca") == text and "ca page title number 11" in text
+    # the extracted prose alone (pages deleted, or carried to another machine) is enough
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "ca.txt").write_text(text, encoding="utf-8")
+    alone = text_cfg(kept).data
+    assert libreoffice_corpus(alone.model_copy(update={"download": False}), "ca") == text
 
 
 def test_missing_help_pages_name_the_key_and_the_commands(tmp_path):
