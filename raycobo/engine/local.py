@@ -82,7 +82,8 @@ class ClientBatches:
         self, clients: torch.Tensor, round: int, stream, salt: torch.Tensor | int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         pos = self.positions(clients, round, stream, salt)
-        xb = self.x[self.rows[pos]]  # (m, B, ...)
+        # one row copy per sample (index_select is a plain gather of whole rows)
+        xb = self.x.index_select(0, self.rows[pos].flatten()).view(*pos.shape, *self.x.shape[1:])
         if self.augment:
             from raycobo.data.augment import crop_flip
 
