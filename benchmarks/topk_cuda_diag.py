@@ -22,23 +22,9 @@ import torch
 
 from raycobo.algorithms import common, topk_ef
 from raycobo.config import load_config, with_overrides
-from tests.helpers import run_local
+from tests.helpers import DIGITS, run_local
 
-BASE = [
-    "data.name=digits",
-    "data.fraction=0.3",
-    "data.test_fraction=0.3",
-    "data.partition.num_clusters=2",
-    "data.partition.clients_per_cluster=2",
-    "model.hidden=[16]",
-    "batch_size=8",
-    "rounds=6",
-    "eval_every=3",
-    "tracking.enabled=false",
-    "algorithm.name=topk_ef",
-    "algorithm.sampling=full",
-    "algorithm.prune_round=1",
-]
+BASE = [*DIGITS, "algorithm.name=topk_ef"]  # the GPU test's setting
 
 
 def record(device: str, rounds: int, threads: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

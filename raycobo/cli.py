@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from raycobo.config import ConfigError, load_config, with_overrides
+from raycobo.config import ConfigError, load_config, load_stored_config, with_overrides
 
 app = typer.Typer(
     add_completion=False,
@@ -101,6 +101,31 @@ def _num(v, spec: str = ".4g") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _help_config(name: str | None) -> None:
+    """``run --help-config NAME``: the method's settings, defaults and meaning."""
+    if name is None:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from raycobo.algorithms import METHODS
+
+    if name not in METHODS:
+        _fail(f"--help-config: unknown algorithm '{name}' (choose from {', '.join(METHODS)})")
+    settings = METHODS[name].settings
+    doc = (settings.__doc__ or "").strip().splitlines()[0]
+    t = Table(title=f"{name}: {doc}", title_justify="left")
+    for col in ("key", "default", "meaning"):
+        t.add_column(col)
+    for key, field in settings.model_fields.items():
+        if key == "name":
+            continue
+        default = field.get_default(call_default_factory=True)
+        t.add_row(f"algorithm.{key}", repr(default), field.description or "")
+    Console(width=120).print(t)
+    raise typer.Exit(0)
+
+
 def _progress(label: str, quiet: bool):
     from raycobo.progress import RoundProgress
 
@@ -125,6 +150,17 @@ def run(
     quiet: Quiet = False,
     debug: Debug = False,
     no_tracking: NoTrack = False,
+    help_config: Annotated[
+        str | None,
+        typer.Option(
+            "--help-config",
+            help="list the settings (algorithm.<key>) of this method with their defaults, "
+            "then exit",
+            callback=lambda name: _help_config(name),
+            is_eager=True,
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run one experiment and write its run directory, or continue one (--resume)."""
 
@@ -167,74 +203,17 @@ def run(
 
 def _print_table(rows) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    t = Table(title="results (final round, mean over clients and seeds)")
-    sent = any(r.get("megabytes_sent") is not None for r in rows)
-    ppl = any(r.get("mean_perplexity") is not None for r in rows)
-    cols = ["algorithm", "accuracy (%)", "loss", "Imp. vs local (%)", "wall (s)"]
-    for col in cols + (["sent (MB)"] if sent else []) + (["perplexity"] if ppl else []):
-        t.add_column(col, justify="right" if col != "algorithm" else "left")
-    for r in rows:
-        acc = "-" if r["mean_accuracy"] is None else f"{100 * r['mean_accuracy']:.2f}"
-        if not r["seeds"]:
-            acc = "failed:"
-        if r["mean_accuracy"] is not None and len(r.get("seeds", [])) > 1:
-            acc += f" ± {100 * r['std_accuracy']:.2f}"
-        if r.get("failed"):
-            acc += f" (failed: {'; '.join(r['failed'])})" if r["seeds"] else " ".join(r["failed"])
-        imp = "-" if r["improved_vs_local"] is None else f"{r['improved_vs_local']:.0f}"
-        cells = [
-            r["algorithm"],
-            acc,
-            _num(r["mean_loss"], ".4f"),
-            imp,
-            _num(r["wall_seconds"], ".1f"),
-        ]
-        if sent:
-            cells.append(_num(r.get("megabytes_sent"), ".3g"))
-        if ppl:
-            cells.append(_num(r.get("mean_perplexity"), ".2f"))
-        t.add_row(*cells)
-    Console().print(t)
+    from raycobo.compare import results_table
+
+    Console().print(results_table(rows))
 
 
 def _compare(cfg, algorithms, out, quiet, no_tracking, seeds=None, parallel=False, resume=False):
-    from raycobo.compare import run_compare
+    from raycobo.compare import tracked_compare
 
-    parent = None
-    cbs = lambda a: []  # noqa: E731
-    if not no_tracking and cfg.tracking.enabled:
-        from raycobo.tracking import MLflowTracker
-
-        parent = MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-compare")
-
-        def cbs(a):
-            return [MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-{a}", parent=parent)]
-
-    if parallel and cfg.tracking.enabled:
-        # trials in other processes must find the same sqlite store and artifact folder
-        from raycobo.tracking.mlflow_tracker import resolve_uri
-
-        art = cfg.tracking.artifact_root
-        cfg = with_overrides(
-            cfg,
-            {
-                "tracking.uri": resolve_uri(cfg.tracking.uri),
-                "tracking.artifact_root": art if "://" in art else str(Path(art).resolve()),
-            },
-        )
-    return run_compare(
-        cfg,
-        algorithms,
-        out,
-        cbs,
-        lambda a: _progress(a, quiet),
-        parent,
-        seeds,
-        parallel,
-        resume=resume,
-    )
+    progress = lambda a: _progress(a, quiet)  # noqa: E731
+    return tracked_compare(cfg, algorithms, out, progress, not no_tracking, seeds, parallel, resume)
 
 
 def _report_failures(rows) -> None:
@@ -280,7 +259,7 @@ def compare(
                 raise ConfigError("--resume takes the comparison's config.yaml; drop CONFIG")
             if not (resume / "config.yaml").is_file():
                 raise ConfigError(f"nothing to resume in {resume}: no config.yaml there")
-            cfg = load_config(resume / "config.yaml")
+            cfg = load_stored_config(resume / "config.yaml")
         elif config is None:
             raise ConfigError("missing CONFIG (an experiment YAML), or --resume COMPARE_DIR")
         else:

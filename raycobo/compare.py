@@ -450,3 +450,79 @@ rounds to target: first evaluation at or above {cfg.compare.target_accuracy}.</p
     path = root / "report.html"
     path.write_text(page)
     return path
+
+
+# -- what the command line shows and tracks ------------------------------------------------
+
+
+def results_table(rows: list[dict[str, Any]]):
+    """The comparison as a rich table for the terminal (accuracy ± std over seeds, loss,
+    share of clients improved over Local, wall time; bytes and perplexity when present)."""
+    from rich.table import Table
+
+    t = Table(title="results (final round, mean over clients and seeds)")
+    sent = any(r.get("megabytes_sent") is not None for r in rows)
+    ppl = any(r.get("mean_perplexity") is not None for r in rows)
+    cols = ["algorithm", "accuracy (%)", "loss", "Imp. vs local (%)", "wall (s)"]
+    for col in cols + (["sent (MB)"] if sent else []) + (["perplexity"] if ppl else []):
+        t.add_column(col, justify="right" if col != "algorithm" else "left")
+    for r in rows:
+        acc = "-" if r["mean_accuracy"] is None else f"{100 * r['mean_accuracy']:.2f}"
+        if not r["seeds"]:
+            acc = "failed:"
+        if r["mean_accuracy"] is not None and len(r.get("seeds", [])) > 1:
+            acc += f" ± {100 * r['std_accuracy']:.2f}"
+        if r.get("failed"):
+            acc += f" (failed: {'; '.join(r['failed'])})" if r["seeds"] else " ".join(r["failed"])
+        imp = "-" if r["improved_vs_local"] is None else f"{r['improved_vs_local']:.0f}"
+        cells = [r["algorithm"], acc, _fmt(r["mean_loss"], ".4f"), imp]
+        cells.append(_fmt(r["wall_seconds"], ".1f"))
+        if sent:
+            cells.append(_fmt(r.get("megabytes_sent"), ".3g"))
+        if ppl:
+            cells.append(_fmt(r.get("mean_perplexity"), ".2f"))
+        t.add_row(*cells)
+    return t
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def tracked_compare(
+    cfg: Config,
+    entries: list[str],
+    out: Path | None,
+    make_progress: Callable[[str], Any],
+    track: bool = True,
+    seeds: list[int] | None = None,
+    parallel: bool = False,
+    resume: bool = False,
+):
+    """``run_compare`` with MLflow tracking (when ``track`` and ``tracking.enabled``): one
+    parent run for the comparison, each compared run a child of it."""
+    parent = None
+    cbs: Callable[[str], list[Callback]] = lambda a: []  # noqa: E731
+    if track and cfg.tracking.enabled:
+        from raycobo.tracking import MLflowTracker
+
+        parent = MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-compare")
+
+        def cbs(a: str) -> list[Callback]:
+            return [MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-{a}", parent=parent)]
+
+    if parallel and cfg.tracking.enabled:
+        # runs in other processes must find the same sqlite store and artifact folder
+        from raycobo.tracking.mlflow_tracker import resolve_uri
+
+        art = cfg.tracking.artifact_root
+        cfg = with_overrides(
+            cfg,
+            {
+                "tracking.uri": resolve_uri(cfg.tracking.uri),
+                "tracking.artifact_root": art if "://" in art else str(Path(art).resolve()),
+            },
+        )
+    return run_compare(
+        cfg, entries, out, cbs, make_progress, parent, seeds, parallel, resume=resume
+    )

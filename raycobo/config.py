@@ -11,34 +11,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
+
+from raycobo.algorithms import METHODS, AlgorithmConfig, check_method_keys
+from raycobo.algorithms.cobo import CoBoConfig
+from raycobo.settings import ConfigError, choose  # noqa: F401 - re-exported
+from raycobo.settings import Section as _Section
 
 DEFAULT_FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 
 
-class ConfigError(ValueError):
-    """A user-facing configuration problem; the message is one line naming the key/file."""
-
-
-def choose(
-    registry: dict[str, Any], name: str, key: str, what: str, known: list[str] | None = None
-):
-    """``registry[name]``, or a ConfigError naming ``key`` and the known names."""
-    try:
-        return registry[name]
-    except KeyError:
-        names = ", ".join(known if known is not None else sorted(registry))
-        raise ConfigError(
-            f"invalid config key '{key}': unknown {what} '{name}' (choose from {names})"
-        ) from None
-
-
 # methods that learn from each client's validation loss (80/20 split, L2C Section 4)
 VALIDATION_ALGORITHMS = {"l2c", "meta_l2c", "validation_based"}
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class PartitionConfig(_Section):
@@ -123,82 +107,6 @@ class ModelConfig(_Section):
     lora_alpha: float = Field(default=8.0, gt=0)
     lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     lora_targets: list[str] | None = Field(default=None, description="null: attention+MLP")
-
-
-Sampling = Literal["constant", "time", "mixed", "full"]
-Domain = Literal["box", "simplex"]
-
-
-class AlgorithmConfig(_Section):
-    name: str = "cobo"
-    lr: float = Field(default=0.1, gt=0, description="eta: model step size")
-    local_steps: int = Field(default=1, ge=1)
-    # CoBo (paper Eq. 1-3)
-    # penalty strength; auto: 0.3, lowered as 1 / (lr n) where the box domain's W^0 = 1
-    # would make the penalty step unstable (see CoBo.penalty)
-    rho: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
-    gamma: float = Field(default=0.1, gt=0, description="W step size")
-    sampling: Sampling = "constant"
-    domain: Domain = "box"
-    # W storage: dense n x n, or (box domain) ones + the entries ever sampled; auto: sparse
-    # above 2,048 clients
-    weights: Literal["auto", "dense", "sparse"] = "auto"
-    sampling_c: float = Field(default=1.0, gt=0, description="constant: p = c/n")
-    time_c: float = Field(default=1.0, gt=0, description="time: p_t = min(1, c/t)")
-    mixed_switch: float = Field(default=0.002, ge=0, le=1, description="share of rounds")
-    # Ditto
-    lam: float = Field(default=1.0, ge=0, description="Ditto's lambda")
-    # FedAvg + fine-tuning: the last ft_steps rounds are local fine-tuning
-    ft_steps: int = Field(default=50, ge=0)
-    # IFCA / FC / oracle
-    num_clusters: int | None = Field(default=None, ge=1, description="null: ground truth")
-    client_rate: float = Field(default=1.0, gt=0, le=1)
-    fc_threshold: float | None = Field(default=None, gt=0)
-    fc_iters: int = Field(default=3, ge=1)
-    # FedeRiCo (defaults from the paper: M = 3, epsilon = 0.3, beta = 0.6, Adam lr 0.01)
-    neighbors: int = Field(default=3, ge=1, description="M, neighbours sampled per round")
-    epsilon: float = Field(default=0.3, ge=0, le=1, description="epsilon-greedy exploration")
-    beta: float = Field(default=0.6, ge=0, lt=1, description="EMA momentum of losses")
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    mixture_components: int = Field(default=8, ge=1, description="models in a prediction")
-    # L2C / meta-L2C (defaults from the paper: Adam lr 0.1, weight decay 0.01, T0 = 10,
-    # 90 % of the neighbours removed, encoder output sizes (10, 5))
-    mix_lr: float = Field(default=0.1, gt=0, description="Adam lr of the mixing parameters")
-    mix_weight_decay: float = Field(default=0.01, ge=0)
-    prune_round: int | None = Field(default=10, ge=0, description="T0; null: never prune")
-    prune_fraction: float = Field(default=0.9, ge=0, lt=1, description="K0 / |N(i)|")
-    encoder_hidden: int = Field(default=10, ge=1)
-    encoder_out: int = Field(default=5, ge=1)
-    encoder_path: str | None = Field(default=None, description="pre-trained meta-L2C encoder")
-    train_encoder: bool = True
-    # FedSep (Algorithm 1, Section 4.1) and the Top-K baseline
-    sketch: Literal["gaussian", "identity"] = "gaussian"
-    sketch_dim: int | None = Field(default=None, ge=1, description="p; null: d")
-    sketch_shared: bool = True
-    sparsity: float = Field(default=1e-3, ge=0, description="beta of the LASSO decoder")
-    decode_steps: int = Field(default=20, ge=1, description="I_dec, FISTA iterations")
-    fedsep_encoder: Literal["exact", "neumann"] = "neumann"
-    neumann_terms: int = Field(default=20, ge=0, description="Q")
-    neumann_tau: float | None = Field(default=None, gt=0, description="null: FISTA step")
-    server_lr: float = Field(default=1.0, gt=0, description="eta_g")
-    topk_fraction: float = Field(default=0.01, gt=0, le=1, description="K / d")
-    # Count-Sketch (FetchSGD) baseline: sketch rows and columns (null: d / 10)
-    sketch_rows: int = Field(default=5, ge=1)
-    sketch_cols: int | None = Field(default=None, ge=1)
-    # FedSep, model-heterogeneous (Section 4.2): sub-model budgets p^(m), mask search
-    budgets: list[float] = Field(default_factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625])
-    mask_lr: float = Field(default=0.1, gt=0)
-    resource_weight: float = Field(default=10.0, ge=0, description="beta of Eq. 7")
-    mask_selection: Literal["learned", "fixed", "random"] = "learned"
-    # Validation-based trust (CoBo Table 2's baseline for language models)
-    trust_every: int = Field(default=10, ge=1, description="rounds between trust updates")
-    trust_temperature: float = Field(default=0.1, gt=0)
-
-    @model_validator(mode="after")
-    def _budgets(self) -> AlgorithmConfig:
-        if not self.budgets or any(not 0 < b <= 1 for b in self.budgets):
-            raise ValueError("budgets: every sub-model budget must be in (0, 1]")
-        return self
 
 
 class EngineConfig(_Section):
@@ -286,7 +194,7 @@ class Config(_Section):
     eval_every: int = Field(default=10, ge=1)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=CoBoConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     compare: CompareConfig = Field(default_factory=CompareConfig)
@@ -335,8 +243,11 @@ class Config(_Section):
 
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
+    path = list(first["loc"])
+    if len(path) > 1 and path[0] == "algorithm" and path[1] in METHODS:
+        del path[1]  # the method's tag in the algorithm union
     # union members add tags such as 'constrained-int' or "literal['auto']" to the path
-    loc = ".".join(str(p) for p in first["loc"] if not any(c in str(p) for c in "-['("))
+    loc = ".".join(str(p) for p in path if not any(c in str(p) for c in "-['("))
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{loc}'"
@@ -381,15 +292,38 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    pairs = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override '{item}' is not of the form key.path=value")
-        set_dotted(tree, key.strip(), parse_value(raw.strip()))
+        pairs.append((key.strip(), parse_value(raw.strip())))
+    return _set_all(tree, pairs)
+
+
+def _set_all(tree: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Set dotted keys. An ``algorithm.name`` that switches the method first drops the
+    settings of the old method that the new one does not have (unless set here too, when
+    validation refuses them): ``compare`` entries, sweeps over methods and
+    ``algorithm.name=ditto`` on a CoBo config keep only what the methods share."""
+    given = {k for k, _ in pairs}
+    new = next((v for k, v in reversed(pairs) if k == "algorithm.name"), None)
+    section = tree.get("algorithm")
+    switch = isinstance(section, dict) and section.get("name", "cobo") != new
+    if isinstance(new, str) and new in METHODS and switch:
+        keep = METHODS[new].settings.model_fields
+        for key in [k for k in section if k not in keep and f"algorithm.{k}" not in given]:
+            del section[key]
+    for key, value in pairs:
+        set_dotted(tree, key, value)
     return tree
 
 
 def validate(tree: dict[str, Any]) -> Config:
+    section = tree.get("algorithm")
+    if isinstance(section, dict):
+        section.setdefault("name", "cobo")  # the default method chooses the settings
+        check_method_keys(section)
     try:
         return Config.model_validate(tree)
     except ValidationError as err:
@@ -413,6 +347,20 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return tree
 
 
+def load_stored_config(path: str | Path) -> Config:
+    """A config that raycobo wrote (a run's or comparison's ``config.yaml``). Versions
+    before the per-method settings wrote every method's keys in one flat ``algorithm``
+    section; the keys of other methods are dropped, so those directories still resume."""
+    tree = read_yaml(path)
+    section = tree.get("algorithm")
+    if isinstance(section, dict) and section.get("name", "cobo") in METHODS:
+        own = METHODS[section.get("name", "cobo")].settings.model_fields
+        known = {k for m in METHODS.values() for k in m.settings.model_fields}
+        for key in [k for k in section if k not in own and k in known]:
+            del section[key]
+    return validate(tree)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load YAML (or defaults when ``path`` is None), apply dotted overrides, validate."""
     tree = read_yaml(path) if path is not None else {}
@@ -424,8 +372,7 @@ def with_overrides(cfg: Config, overrides: dict[str, Any] | list[str]) -> Config
     """A copy of ``cfg`` with dotted overrides applied (dict of key->value or key=value list)."""
     tree = cfg.to_dict()
     if isinstance(overrides, dict):
-        for k, v in overrides.items():
-            set_dotted(tree, k, v)
+        _set_all(tree, list(overrides.items()))
     else:
         apply_overrides(tree, overrides)
     return validate(tree)

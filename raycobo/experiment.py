@@ -27,9 +27,16 @@ import torch
 
 from raycobo import checkpoint as ckpt
 from raycobo.algorithms import build_algorithm, evaluate
-from raycobo.algorithms.base import Evaluation
+from raycobo.algorithms.base import (
+    Elastic,
+    Evaluation,
+    ExportsArtifacts,
+    HoldsStateElsewhere,
+    KeepsOwnAgreement,
+    ReportsExtras,
+)
 from raycobo.callbacks import Callback, RunContext
-from raycobo.config import Config, ConfigError, load_config, with_overrides
+from raycobo.config import Config, ConfigError, load_stored_config, with_overrides
 from raycobo.run_dir import RunDir
 
 
@@ -66,9 +73,11 @@ class RunState:
     wall_before: float = 0.0  # seconds spent before a resume
 
     def payload(self, algo, wall: float) -> dict[str, Any]:
-        capture = getattr(algo, "checkpoint_state", None)  # the Ray engine's coordinator
+        elsewhere = isinstance(algo, HoldsStateElsewhere)  # the Ray engine's coordinator
         return {
-            "algo_state": capture() if capture is not None else ckpt.state_tree(self.algo_state),
+            "algo_state": algo.checkpoint_state()
+            if elsewhere
+            else ckpt.state_tree(self.algo_state),
             "history": self.history,
             "snapshots": {int(r): torch.from_numpy(m) for r, m in self.snapshots.items()},
             "membership": self.membership,
@@ -78,9 +87,8 @@ class RunState:
 
     @classmethod
     def restore(cls, algo, template: Any, data: dict[str, Any]) -> RunState:
-        put = getattr(algo, "restore_state", None)
-        if put is not None:
-            put(data["algo_state"])
+        if isinstance(algo, HoldsStateElsewhere):
+            algo.restore_state(data["algo_state"])
             state = template
         else:
             state = ckpt.load_into(template, data["algo_state"])
@@ -143,7 +151,7 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Co
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"nothing to resume in {run_dir}: no config.yaml (not a run directory)")
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_stored_config(run_dir / "config.yaml")
     over = list(overrides or [])
     for item in over:
         key = item.partition("=")[0].strip()
@@ -274,7 +282,7 @@ def _run(cfg: Config, writer: RunDir, found, callbacks: list, progress: Any) -> 
     summary = _final_summary(cfg, algo, ops, ctx, rs, found, start, W, W_np)
     if W_np is not None:
         rs.snapshots.setdefault(cfg.rounds, W_np)
-    artifacts = algo.artifacts(rs.algo_state) if hasattr(algo, "artifacts") else {}
+    artifacts = algo.artifacts(rs.algo_state) if isinstance(algo, ExportsArtifacts) else {}
     _close(ops)
     writer.finish(summary, W_np, rs.snapshots, artifacts, ctx.clusters)
     for cb in callbacks:
@@ -353,7 +361,7 @@ def _compact(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _final_summary(cfg, algo, ops, ctx, rs: RunState, found, start, W, W_np) -> dict[str, Any]:
     final = rs.history[-1]
     state = rs.algo_state
-    extras = algo.summary_extras() if hasattr(algo, "summary_extras") else None
+    extras = algo.summary_extras() if isinstance(algo, ReportsExtras) else None
     summary = {
         "status": "completed",
         "name": cfg.name,
@@ -394,15 +402,14 @@ def _apply(algo, state, kind: str, ids: list[int], n: int, t: int, rs: RunState)
     bad = [c for c in ids if not 0 <= c < n]
     if bad:
         raise ConfigError(f"invalid config key 'schedule': client {bad[0]} is not in 0..{n - 1}")
-    fn = getattr(algo, kind, None)
-    if fn is None:
+    if not isinstance(algo, Elastic):
         name = getattr(algo, "name", type(algo).__name__)
         raise ConfigError(
             f"invalid config key 'schedule': algorithm '{name}' has no clients joining or "
             "leaving (cobo has)"
         )
     rs.membership.append({"round": t, "event": kind, "clients": list(ids)})
-    return fn(state, list(ids))
+    return (algo.join if kind == "join" else algo.leave)(state, list(ids))
 
 
 def _close(ops) -> None:
@@ -455,8 +462,8 @@ def _eval_record(
 
 def agreement_of(algo, state, W: torch.Tensor | None, clusters: list[int | None]) -> dict:
     """cluster_agreement, from the algorithm when it keeps W in its own (sparse) form."""
-    custom = getattr(algo, "cluster_agreement", None)
-    found = custom(state, clusters) if custom is not None else None
+    own = isinstance(algo, KeepsOwnAgreement)
+    found = algo.cluster_agreement(state, clusters) if own else None
     if found is not None:
         return found
     return cluster_agreement(W, clusters) if W is not None else {}

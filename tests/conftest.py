@@ -31,20 +31,9 @@ def quad_cfg():
 @pytest.fixture
 def digits_cfg():
     from raycobo.config import load_config
+    from tests.helpers import DIGITS
 
     def make(*overrides: str):
-        base = [
-            "data.name=digits",
-            "data.fraction=0.3",
-            "data.test_fraction=0.3",
-            "data.partition.num_clusters=2",
-            "data.partition.clients_per_cluster=2",
-            "model.hidden=[16]",
-            "batch_size=8",
-            "rounds=6",
-            "eval_every=3",
-            "tracking.enabled=false",
-        ]
-        return load_config(None, base + list(overrides))
+        return load_config(None, DIGITS + list(overrides))
 
     return make

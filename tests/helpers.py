@@ -4,13 +4,62 @@ from __future__ import annotations
 
 # Settings under which every registered algorithm shows its whole round in a few rounds
 # of a tiny task (fine-tuning, pruning and trust updates happen; sketches fit the MLP).
-SHORT_RUN = {
-    "algorithm.ft_steps": 2,
-    "algorithm.prune_round": 1,
-    "algorithm.trust_every": 2,
-    "algorithm.sketch_dim": 100,
-    "algorithm.sampling": "full",
+# the small digits task of most engine and algorithm tests (the digits_cfg fixture)
+DIGITS = [
+    "data.name=digits",
+    "data.fraction=0.3",
+    "data.test_fraction=0.3",
+    "data.partition.num_clusters=2",
+    "data.partition.clients_per_cluster=2",
+    "model.hidden=[16]",
+    "batch_size=8",
+    "rounds=6",
+    "eval_every=3",
+    "tracking.enabled=false",
+]
+
+# per method, overrides that make it do its characteristic work within 4 rounds on DIGITS
+CHARACTERISTIC = {
+    "fedsep": ["algorithm.sketch_dim=200", "algorithm.decode_steps=20"],
+    "countsketch": ["algorithm.sketch_cols=200"],
+    "fedsep_hetero": ["model.hidden=[16,8]"],
+    "validation_based": ["algorithm.trust_every=2"],
+    "fedavg_ft": ["algorithm.ft_steps=2"],
+    "l2c": ["algorithm.prune_round=1"],
+    "meta_l2c": ["algorithm.prune_round=1"],
 }
+
+# settings that make each algorithm do its characteristic work within a few rounds
+SHORT_SETTINGS = {
+    "ft_steps": 2,
+    "prune_round": 1,
+    "trust_every": 2,
+    "sketch_dim": 100,
+    "sampling": "full",
+}
+
+
+def only_own(name: str, *overrides: str) -> list[str]:
+    """The ``key=value`` overrides that apply to method ``name`` (other methods'
+    ``algorithm.*`` keys left out)."""
+    from raycobo.algorithms import method_keys
+
+    keys = set(method_keys(name))
+    own = []
+    for item in overrides:
+        key = item.partition("=")[0]
+        if not key.startswith("algorithm.") or key.removeprefix("algorithm.") in keys:
+            own.append(item)
+    return own
+
+
+def short_run(name: str, skip: tuple[str, ...] = ()) -> dict:
+    """``algorithm.name`` and those of SHORT_SETTINGS that the method has."""
+    from raycobo.algorithms import method_keys
+
+    keys = set(method_keys(name)) - set(skip)
+    short = {f"algorithm.{k}": v for k, v in SHORT_SETTINGS.items() if k in keys}
+    return {"algorithm.name": name, **short}
 
 
 def run_rounds(algo, ops, rounds: int, state=None, start: int = 0):

@@ -15,7 +15,7 @@ so two engines given the same request draw the same samples.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -90,8 +90,12 @@ class ClientOps(Protocol):
         ...
 
 
+@runtime_checkable
 class Algorithm(Protocol):
-    """A collaborative-learning method over explicit state."""
+    """A collaborative-learning method over explicit state. What some methods can do
+    besides is declared by the capability protocols below (``Elastic``,
+    ``EvaluatesItself``, ``ExportsArtifacts``, ``KeepsOwnAgreement``,
+    ``PlansAlignment``)."""
 
     name: str
 
@@ -110,11 +114,74 @@ class Algorithm(Protocol):
         ...
 
 
+# -- optional capabilities: an algorithm (or an engine standing in for one) declares one by
+# having its methods; the run checks with isinstance instead of probing attribute names.
+
+
+@runtime_checkable
+class Elastic(Protocol):
+    """Clients may leave and join between rounds (CoBo Section 2, ``schedule``)."""
+
+    def leave(self, state: Any, clients: list[int]) -> Any: ...
+
+    def join(self, state: Any, clients: list[int]) -> Any: ...
+
+
+@runtime_checkable
+class EvaluatesItself(Protocol):
+    """Predicts with something other than one model per client (FedeRiCo's mixture)."""
+
+    def evaluate(self, state: Any, ops: ClientOps) -> Evaluation: ...
+
+
+@runtime_checkable
+class ExportsArtifacts(Protocol):
+    """Learned extras saved beside the run (CoBo's sparse W, meta-L2C's encoder)."""
+
+    def artifacts(self, state: Any) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class KeepsOwnAgreement(Protocol):
+    """Computes the cluster agreement of W from its own (sparse) form."""
+
+    def cluster_agreement(self, state: Any, clusters: list[int | None]) -> dict | None: ...
+
+
+@runtime_checkable
+class PlansAlignment(Protocol):
+    """CoBo's round in parts, so that an engine can send the alignment requests ahead
+    (bounded staleness on Ray): plan, apply the alignment gradients, step."""
+
+    def plan(self, state: Any, t: int, ops: ClientOps) -> Any: ...
+
+    def apply_alignment(self, state: Any, edges: torch.Tensor, G: torch.Tensor) -> Any: ...
+
+    def step(self, state: Any, members: torch.Tensor, G: torch.Tensor) -> Any: ...
+
+
+@runtime_checkable
+class HoldsStateElsewhere(Protocol):
+    """An engine whose algorithm state lives outside the driver (the Ray coordinator):
+    it hands the state over for checkpoints and takes it back on resume."""
+
+    def checkpoint_state(self) -> Any: ...
+
+    def restore_state(self, tree: Any) -> None: ...
+
+
+@runtime_checkable
+class ReportsExtras(Protocol):
+    """Adds its own entries to the run summary (the Ray engine's report)."""
+
+    def summary_extras(self) -> dict[str, Any] | None: ...
+
+
 def evaluate(algo: Algorithm, state: Any, ops: ClientOps) -> Evaluation:
-    """Default evaluation: every client's prediction model on its own test data."""
-    custom = getattr(algo, "evaluate", None)
-    if custom is not None:
-        return custom(state, ops)
+    """Every client's prediction model on its own test data (or the algorithm's own
+    evaluation, for one that predicts otherwise)."""
+    if isinstance(algo, EvaluatesItself):
+        return algo.evaluate(state, ops)
     clients = torch.arange(ops.n_clients, device=ops.device)
     return ops.evaluate(clients, algo.eval_params(state))
 

@@ -18,17 +18,49 @@ Each round t:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
 from raycobo.algorithms.projections import project_box, project_simplex
 from raycobo.algorithms.samplers import EdgeSampler
+from raycobo.algorithms.settings import MethodConfig
 from raycobo.algorithms.sparse_weights import SparseBoxWeights
-from raycobo.config import AlgorithmConfig, ConfigError
+from raycobo.settings import ConfigError
 
 # above this many clients the final W is not materialised densely for the run directory
+
+Sampling = Literal["constant", "time", "mixed", "full"]
+Domain = Literal["box", "simplex"]
+
+
+class CoBoConfig(MethodConfig):
+    """CoBo (Algorithm 1; Eq. 1-3)."""
+
+    name: Literal["cobo"] = "cobo"
+    # penalty strength; auto: 0.3, lowered as 1 / (lr n) where the box domain's W^0 = 1
+    # would make the penalty step unstable (see CoBo.penalty)
+    rho: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(
+        default="auto", description="rho: strength of the pull toward collaborators"
+    )
+    gamma: float = Field(default=0.1, gt=0, description="gamma: W step size")
+    sampling: Sampling = Field(default="constant", description="edge sampling strategy")
+    domain: Domain = Field(default="box", description="W's domain: box [0,1] or simplex rows")
+    weights: Literal["auto", "dense", "sparse"] = Field(
+        default="auto",
+        description="W storage: dense n x n, or (box) ones + sampled entries; auto: sparse "
+        "above 2,048 clients",
+    )
+    sampling_c: float = Field(default=1.0, gt=0, description="constant: p = c/n")
+    time_c: float = Field(default=1.0, gt=0, description="time: p_t = min(1, c/t)")
+    mixed_switch: float = Field(
+        default=0.002, ge=0, le=1, description="mixed: share of rounds sampled as constant"
+    )
+
+
 DENSE_EXPORT_LIMIT = 4096
 
 
@@ -36,9 +68,13 @@ DENSE_EXPORT_LIMIT = 4096
 class RoundPlan:
     edges: torch.Tensor  # (E, 2) sampled pairs, i < j
     align_clients: torch.Tensor  # (2E,) i-endpoints then j-endpoints
-    align_points: torch.Tensor  # (2E, d) their midpoints z_ij
+    points: torch.Tensor  # (2E, d) their midpoints z_ij [then (m, d) the members' x_i]
     align_salts: torch.Tensor  # (2E,)
     members: torch.Tensor  # (n_present,) clients taking the model step
+
+    @property
+    def align_points(self) -> torch.Tensor:
+        return self.points[: self.align_clients.numel()]
 
 
 @dataclass
@@ -162,7 +198,7 @@ def alignment_scores(G_i: torch.Tensor, G_j: torch.Tensor) -> torch.Tensor:
 class CoBo:
     name = "cobo"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: CoBoConfig, rounds: int, seed: int):
         self.cfg = cfg
         self.rounds = rounds
         self.seed = seed
@@ -221,16 +257,29 @@ class CoBo:
             edges = members[edges]  # global ids, still i < j
         return edges, members
 
-    def plan(self, state: CoBoState, t: int, ops: ClientOps) -> RoundPlan:
+    def plan(
+        self, state: CoBoState, t: int, ops: ClientOps, with_models: bool = False
+    ) -> RoundPlan:
         """The requests of round t: the sampled edges (among the present clients) with
-        their midpoints, and the clients that take the model step."""
+        their midpoints, and the clients that take the model step. ``with_models``: the
+        members' models follow the midpoints in ``points`` (one request for the round),
+        written into one buffer instead of gathered and concatenated."""
         X = state.X
         edges, members = self.sample_edges(state.active, t, ops.n_clients, X.device)
         i, j = edges[:, 0], edges[:, 1]
-        Z = 0.5 * (X[i] + X[j])  # (E, d) midpoints z_ij
+        E = i.numel()
+        Z = X.new_empty(2 * E + (members.numel() if with_models else 0), X.shape[1])
+        mid = Z[:E]  # (E, d) midpoints z_ij = (x_i + x_j) / 2
+        torch.index_select(X, 0, i, out=mid)
+        mid.add_(X.index_select(0, j)).mul_(0.5)
         # both endpoints' gradients at z_ij, each on a fresh batch of its own client's
         # data (salted by the partner, so the pair's draws differ from the step's)
-        return RoundPlan(edges, torch.cat([i, j]), torch.cat([Z, Z]), torch.cat([j, i]), members)
+        Z[E : 2 * E].copy_(mid)
+        if with_models and state.active is None:
+            Z[2 * E :].copy_(X)
+        elif with_models:
+            torch.index_select(X, 0, members, out=Z[2 * E :])
+        return RoundPlan(edges, torch.cat([i, j]), Z, torch.cat([j, i]), members)
 
     def apply_alignment(self, state: CoBoState, edges, G_align: torch.Tensor) -> CoBoState:
         """Eq. (1) from the alignment gradients (rows: all i-endpoints, then all j)."""
@@ -254,7 +303,7 @@ class CoBo:
         return CoBoState(X, W, state.active)
 
     def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
-        p = self.plan(state, t, ops)
+        p = self.plan(state, t, ops, with_models=True)
         E, n = p.edges.shape[0], p.members.numel()
         # One engine request for the whole round (fewer round trips on remote engines):
         # rows [0, 2E) are the alignment gradients, rows [2E, 2E + n) are g_i at x_i^t.
@@ -262,8 +311,7 @@ class CoBo:
         clients = torch.cat([p.align_clients, p.members])
         salts = torch.cat([p.align_salts, torch.zeros(n, dtype=torch.int64, device=dev)])
         streams = torch.cat([torch.full((2 * E,), rng.ALIGN), torch.full((n,), rng.STEP)])
-        Z = torch.cat([p.align_points, state.X[p.members]])
-        G_all, L_all = ops.grads(clients, Z, t, streams.to(dev), salts)
+        G_all, L_all = ops.grads(clients, p.points, t, streams.to(dev), salts)
         state = self.apply_alignment(state, p.edges, G_all[: 2 * E])  # Eq. (1)
         state = self.step(state, p.members, G_all[2 * E :])  # Eq. (3), W^{t+1} and x^t
         return state, self.stats(L_all[2 * E :], E, n)

@@ -6,7 +6,11 @@ import torch
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig, TopKShare
+
+
+class LocalSteps(MethodConfig, LocalTraining, ClientSampling):
+    """What ``local_updates`` reads: a method config with these mixins (type only)."""
 
 
 def top_indices(v: torch.Tensor, k: int) -> torch.Tensor:
@@ -84,12 +88,12 @@ def same_group_matrix(groups: torch.Tensor) -> torch.Tensor:
 FLOAT, INDEX = 4, 4
 
 
-def top_count(cfg: AlgorithmConfig, d: int) -> int:
+def top_count(cfg: TopKShare, d: int) -> int:
     """K of the top-K compressors, from ``algorithm.topk_fraction``."""
     return max(1, min(d, round(cfg.topk_fraction * d)))
 
 
-def local_updates(ops: ClientOps, x: torch.Tensor, cfg: AlgorithmConfig, seed: int, t: int):
+def local_updates(ops: ClientOps, x: torch.Tensor, cfg: LocalSteps, seed: int, t: int):
     """The sampled clients' local SGD updates from the global model x (d,).
     -> (clients (m,), updates y - x (m, d), first-step losses (m,))"""
     clients = sample_clients(ops.n_clients, cfg.client_rate, seed, t).to(x.device)

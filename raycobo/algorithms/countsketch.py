@@ -6,8 +6,10 @@ sketched error accumulator and applies the top-k coordinates it recovers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
@@ -18,7 +20,22 @@ from raycobo.algorithms.common import (
     top_count,
     top_k,
 )
-from raycobo.config import AlgorithmConfig, ConfigError
+from raycobo.algorithms.settings import (
+    ClientSampling,
+    LocalTraining,
+    MethodConfig,
+    ServerStep,
+    TopKShare,
+)
+from raycobo.settings import ConfigError
+
+
+class CountSketchConfig(LocalTraining, ClientSampling, ServerStep, TopKShare, MethodConfig):
+    """Count-Sketch compression (FetchSGD)."""
+
+    name: Literal["countsketch"] = "countsketch"
+    sketch_rows: int = Field(default=5, ge=1, description="sketch rows")
+    sketch_cols: int | None = Field(default=None, ge=1, description="sketch columns; null: d/10")
 
 
 def sketch_hashes(d: int, rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +67,9 @@ def unsketch(S: torch.Tensor, bucket: torch.Tensor, sign: torch.Tensor) -> torch
 class SketchState:
     x: torch.Tensor  # (d,) global model
     Se: torch.Tensor  # (rows, cols) the server's error accumulator, in sketch space
+    bucket: torch.Tensor  # (rows, d) every coordinate's column in each sketch row
+    sign: torch.Tensor  # (rows, d) its sign there
+    n: int  # clients (each predicts with the global model)
 
 
 class CountSketchFL:
@@ -59,40 +79,40 @@ class CountSketchFL:
 
     name = "countsketch"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: CountSketchConfig, rounds: int, seed: int):
         self.cfg, self.rounds, self.seed = cfg, rounds, seed
 
     def init(self, ops: ClientOps) -> SketchState:
         c = self.cfg
-        self.n = ops.n_clients
-        self.cols = c.sketch_cols or max(1, ops.dim // 10)
-        bucket, sign = sketch_hashes(ops.dim, c.sketch_rows, self.cols, self.seed)
-        self.bucket, self.sign = bucket.to(ops.device), sign.to(ops.device)
+        cols = c.sketch_cols or max(1, ops.dim // 10)
+        bucket, sign = sketch_hashes(ops.dim, c.sketch_rows, cols, self.seed)
         x = ops.initial_params().clone()
-        return SketchState(x, torch.zeros(c.sketch_rows, self.cols, dtype=x.dtype, device=x.device))
+        Se = torch.zeros(c.sketch_rows, cols, dtype=x.dtype, device=x.device)
+        return SketchState(x, Se, bucket.to(ops.device), sign.to(ops.device), ops.n_clients)
 
     def round(self, state: SketchState, t: int, ops: ClientOps) -> tuple[SketchState, dict]:
         c = self.cfg
         d = ops.dim
         k = top_count(c, d)
-        if 4 * k > self.cols:
+        bucket, sign, cols = state.bucket, state.sign, state.Se.shape[1]
+        if 4 * k > cols:
             raise ConfigError(
                 f"invalid config key 'algorithm.topk_fraction': {k} coordinates from a sketch "
-                f"of {self.cols} columns (need at least 4k; raise algorithm.sketch_cols)"
+                f"of {cols} columns (need at least 4k; raise algorithm.sketch_cols)"
             )
         clients, delta, loss = local_updates(ops, state.x, c, self.seed, t)
-        sketches = count_sketch(delta, self.bucket, self.sign, self.cols)  # (m, r, c)
+        sketches = count_sketch(delta, bucket, sign, cols)  # (m, r, c)
         Se = state.Se + c.server_lr * sketches.mean(dim=0)  # sketches are linear
-        update = top_k(unsketch(Se, self.bucket, self.sign)[None], k)[0]
-        Se = Se - count_sketch(update[None], self.bucket, self.sign, self.cols)[0]
+        update = top_k(unsketch(Se, bucket, sign)[None], k)[0]
+        Se = Se - count_sketch(update[None], bucket, sign, cols)[0]
         m = clients.numel()
-        return SketchState(state.x + update, Se), {
+        return SketchState(state.x + update, Se, bucket, sign, state.n), {
             "train_loss": float(loss.mean()),
             "bytes_sent": float(m * (Se.numel() * FLOAT + min(d * FLOAT, k * (FLOAT + INDEX)))),
         }
 
     def eval_params(self, state: SketchState) -> torch.Tensor:
-        return state.x.expand(self.n, -1)
+        return state.x.expand(state.n, -1)
 
     def collaboration(self, state: SketchState) -> None:
         return None

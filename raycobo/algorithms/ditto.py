@@ -12,14 +12,23 @@ CoBo paper (Appendix B) uses.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
 from raycobo.algorithms.common import sample_clients
 from raycobo.algorithms.fedavg import fedavg_round
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
+
+
+class DittoConfig(LocalTraining, ClientSampling, MethodConfig):
+    """Ditto (Li et al. 2021): FedAvg plus personal models pulled toward it."""
+
+    name: Literal["ditto"] = "ditto"
+    lam: float = Field(default=1.0, ge=0, description="lambda: pull toward the global model")
 
 
 @dataclass
@@ -31,7 +40,7 @@ class DittoState:
 class Ditto:
     name = "ditto"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: DittoConfig, rounds: int, seed: int):
         self.cfg, self.seed = cfg, seed
 
     def init(self, ops: ClientOps) -> DittoState:

@@ -21,13 +21,23 @@ momentum of the original algorithm is omitted (plain SGD, like the other baselin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
 from raycobo.algorithms.ifca import n_true_clusters
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.settings import ClusterCount, MethodConfig
+
+
+class FCConfig(ClusterCount, MethodConfig):
+    """Federated clustering (Werner et al. 2023)."""
+
+    name: Literal["fc"] = "fc"
+    fc_threshold: float | None = Field(default=None, gt=0, description="merge threshold")
+    fc_iters: int = Field(default=3, ge=1, description="clustering iterations per round")
 
 
 @dataclass
@@ -57,7 +67,7 @@ def threshold_cluster(
 class FederatedClustering:
     name = "fc"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: FCConfig, rounds: int, seed: int):
         self.cfg = cfg
 
     def init(self, ops: ClientOps) -> FCState:

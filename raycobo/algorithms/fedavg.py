@@ -1,27 +1,29 @@
-"""FedAvg and FedAvg with local fine-tuning.
+"""FedAvg.
 
 McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
 Data", AISTATS 2017, https://arxiv.org/abs/1602.05629.
 
 Each round the sampled clients (``client_rate``) run ``local_steps`` SGD steps from the
 global model; the server sets the global model to the data-size-weighted average.
-
-``fedavg_ft`` (CoBo Table 2, "Fine-tuning FedAvg"): FedAvg for the first
-``rounds - ft_steps`` rounds, then every client fine-tunes its own copy of the global
-model for ``ft_steps`` rounds of local SGD -- the same total number of iterations as
-the other methods, so the comparison is at equal compute.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import ClientOps, all_clients
+from raycobo.algorithms.base import ClientOps
 from raycobo.algorithms.common import local_sgd, sample_clients, weighted_average
-from raycobo.config import AlgorithmConfig, ConfigError
+from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
+
+
+class FedAvgConfig(LocalTraining, ClientSampling, MethodConfig):
+    """FedAvg: the sampled clients' local SGD, averaged by data size."""
+
+    name: Literal["fedavg"] = "fedavg"
 
 
 @dataclass
@@ -32,7 +34,7 @@ class FedAvgState:
 
 
 def fedavg_round(
-    ops: ClientOps, x: torch.Tensor, cfg: AlgorithmConfig, seed: int, t: int, stream: int
+    ops: ClientOps, x: torch.Tensor, cfg: FedAvgConfig, seed: int, t: int, stream: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One FedAvg round from global model x (d,). Returns (new x, client losses)."""
     clients = sample_clients(ops.n_clients, cfg.client_rate, seed, t).to(x.device)
@@ -48,7 +50,7 @@ def fedavg_round(
 class FedAvg:
     name = "fedavg"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: FedAvgConfig, rounds: int, seed: int):
         self.cfg, self.rounds, self.seed = cfg, rounds, seed
 
     def init(self, ops: ClientOps) -> FedAvgState:
@@ -66,23 +68,3 @@ class FedAvg:
 
     def collaboration(self, state: FedAvgState) -> None:
         return None
-
-
-class FedAvgFT(FedAvg):
-    name = "fedavg_ft"
-
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
-        super().__init__(cfg, rounds, seed)
-        if cfg.ft_steps >= rounds:
-            raise ConfigError(
-                f"invalid config key 'algorithm.ft_steps': {cfg.ft_steps} fine-tuning rounds "
-                f"leave no FedAvg rounds out of rounds={rounds}"
-            )
-        self.switch = rounds - cfg.ft_steps
-
-    def round(self, state: FedAvgState, t: int, ops: ClientOps) -> tuple[FedAvgState, dict]:
-        if t < self.switch:
-            return super().round(state, t, ops)
-        X = state.X if state.X is not None else state.x.expand(ops.n_clients, -1).clone()
-        X, loss = local_sgd(ops, all_clients(ops), X, self.cfg.lr, self.cfg.local_steps, t, rng.FT)
-        return FedAvgState(state.x, state.n, X), {"train_loss": float(loss.mean())}

@@ -31,13 +31,26 @@ models are independent per client (line 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps, Evaluation
 from raycobo.algorithms.common import top_indices
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.settings import MethodConfig
+
+
+class FedeRiCoConfig(MethodConfig):
+    """FedeRiCo (defaults from the paper: M = 3, epsilon = 0.3, beta = 0.6, Adam lr 0.01)."""
+
+    name: Literal["federico"] = "federico"
+    neighbors: int = Field(default=3, ge=1, description="M, neighbours sampled per round")
+    epsilon: float = Field(default=0.3, ge=0, le=1, description="epsilon-greedy exploration")
+    beta: float = Field(default=0.6, ge=0, lt=1, description="EMA momentum of losses")
+    optimizer: Literal["sgd", "adam"] = Field(default="sgd", description="local optimizer")
+    mixture_components: int = Field(default=8, ge=1, description="models in a prediction")
 
 
 @dataclass
@@ -95,7 +108,7 @@ def adam_update(
 class FedeRiCo:
     name = "federico"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: FedeRiCoConfig, rounds: int, seed: int):
         self.cfg, self.seed = cfg, seed
 
     def init(self, ops: ClientOps) -> FedeRiCoState:

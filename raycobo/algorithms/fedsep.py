@@ -44,13 +44,38 @@ Communication is counted in bytes of float32 values (and int32 indices), both wa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps, all_clients
 from raycobo.algorithms.common import FLOAT, local_sgd, sample_clients
-from raycobo.config import AlgorithmConfig, ConfigError
+from raycobo.algorithms.settings import (
+    ClientSampling,
+    Decoding,
+    LocalTraining,
+    MethodConfig,
+    ServerStep,
+)
+from raycobo.settings import ConfigError
+
+
+class FedSepConfig(LocalTraining, ClientSampling, ServerStep, Decoding, MethodConfig):
+    """FedSep (Algorithm 1, Section 4.1)."""
+
+    name: Literal["fedsep"] = "fedsep"
+    sketch: Literal["gaussian", "identity"] = Field(default="gaussian", description="A")
+    sketch_dim: int | None = Field(default=None, ge=1, description="p; null: d")
+    sketch_shared: bool = Field(default=True, description="one A for all clients")
+    sparsity: float = Field(default=1e-3, ge=0, description="beta of the LASSO decoder")
+    fedsep_encoder: Literal["exact", "neumann"] = Field(
+        default="neumann", description="how the encoder inverts A A^T"
+    )
+    neumann_terms: int = Field(default=20, ge=0, description="Q")
+    neumann_tau: float | None = Field(default=None, gt=0, description="null: FISTA step")
+
 
 MAX_SKETCH_BYTES = 4 * 2**30
 
@@ -188,7 +213,7 @@ class FedSepState:
 class FedSep:
     name = "fedsep"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: FedSepConfig, rounds: int, seed: int):
         self.cfg, self.rounds, self.seed = cfg, rounds, seed
 
     def _dims(self, ops: ClientOps) -> tuple[int, int]:
@@ -287,14 +312,10 @@ class FedSep:
             "nonzeros": float((Y0 != 0).sum(dim=1).float().mean()),
         }
 
-    def prediction(self, state: FedSepState, ops: ClientOps) -> torch.Tensor:
-        return self._decode(state, all_clients(ops))
-
-    def evaluate(self, state: FedSepState, ops: ClientOps):
-        return ops.evaluate(all_clients(ops), self.prediction(state, ops))
-
     def eval_params(self, state: FedSepState) -> torch.Tensor:
-        return state.Y
+        """Every client predicts with Dec_m(omega) of the current omega (warm-started
+        from its last decoded point): the model it would train from next round."""
+        return self._decode(state, torch.arange(state.Y.shape[0], device=state.Y.device))
 
     def collaboration(self, state: FedSepState) -> None:
         return None

@@ -7,9 +7,11 @@ aggregates the masked updates (Remark 3). ``mask_selection``: ``learned`` (Eq. 6
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
+from pydantic import Field, model_validator
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
@@ -18,7 +20,35 @@ from raycobo.algorithms.common import (
     sample_clients,
     top_indices,
 )
-from raycobo.config import AlgorithmConfig, ConfigError
+from raycobo.algorithms.settings import (
+    ClientSampling,
+    Decoding,
+    LocalTraining,
+    MethodConfig,
+    ServerStep,
+)
+from raycobo.settings import ConfigError
+
+
+class FedSepHeteroConfig(LocalTraining, ClientSampling, ServerStep, Decoding, MethodConfig):
+    """FedSep for model-heterogeneous FL (Section 4.2): sub-model budgets p^(m)."""
+
+    name: Literal["fedsep_hetero"] = "fedsep_hetero"
+    budgets: list[float] = Field(
+        default_factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625],
+        description="p^(m): sub-model budgets",
+    )
+    mask_lr: float = Field(default=0.1, gt=0, description="step size of the mask search")
+    resource_weight: float = Field(default=10.0, ge=0, description="beta of Eq. 7")
+    mask_selection: Literal["learned", "fixed", "random"] = Field(
+        default="learned", description="how sub-model masks are chosen"
+    )
+
+    @model_validator(mode="after")
+    def _budgets(self) -> FedSepHeteroConfig:
+        if not self.budgets or any(not 0 < b <= 1 for b in self.budgets):
+            raise ValueError("budgets: every sub-model budget must be in (0, 1]")
+        return self
 
 
 @dataclass
@@ -118,6 +148,9 @@ class HeteroState:
     A: torch.Tensor  # (n, U) relaxed channel masks a in [0, 1], warm start
     B: torch.Tensor  # (n, U) the binary masks last selected
     budget: torch.Tensor  # (n,) p^(m)
+    layers: list[MaskLayer]  # the maskable hidden layers of the model
+    head: tuple[int, int]  # the classifier's (channels, size), always kept
+    T_tot: float  # multiply-adds of the full model
 
 
 class FedSepHetero:
@@ -135,21 +168,21 @@ class FedSepHetero:
 
     name = "fedsep_hetero"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: FedSepHeteroConfig, rounds: int, seed: int):
         self.cfg, self.rounds, self.seed = cfg, rounds, seed
 
     def init(self, ops: ClientOps) -> HeteroState:
-        self.layers, self.head = maskable_layers(ops.param_layout())
+        layers, head = maskable_layers(ops.param_layout())
         n = ops.n_clients
-        U = sum(L.channels for L in self.layers)
+        U = sum(L.channels for L in layers)
         choices = torch.tensor(self.cfg.budgets, dtype=torch.float32)
         pick = rng.randint(
             torch.tensor(len(choices)), self.seed, rng.SAMPLER, 0xB0D, torch.arange(n)
         )
         budget = choices[pick].to(ops.device)
-        self.T_tot = float(flops(self.layers, self.head, torch.ones(1, U))[0])
+        T_tot = float(flops(layers, head, torch.ones(1, U))[0])
         A = torch.ones(n, U, device=ops.device)
-        return HeteroState(ops.initial_params().clone(), A, A.clone(), budget)
+        return HeteroState(ops.initial_params().clone(), A, A.clone(), budget, layers, head, T_tot)
 
     def _select(self, ops, state, clients, t) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode: relaxed masks by projected gradient, then the top-p selection. The
@@ -167,24 +200,24 @@ class FedSepHetero:
                 ids = clients.cpu().reshape(-1, 1)
                 score = rng.uniform(self.seed, rng.SAMPLER, t, ids, torch.arange(U), 0xD0).float()
             score = score.to(A.device)
-            return A, top_share(self.layers, score, budget)
+            return A, top_share(state.layers, score, budget)
         omega = state.w.expand(clients.numel(), -1)
         for s in range(c.decode_steps):
-            M = expand_mask(self.layers, A, d)
+            M = expand_mask(state.layers, A, d)
             G, _ = ops.grads(clients, M * omega, t, rng.LOSS, s)
-            grad = unit_gradient(self.layers, G * omega)
+            grad = unit_gradient(state.layers, G * omega)
             with torch.enable_grad():
                 a = A.detach().requires_grad_()
-                R = resource_loss(flops(self.layers, self.head, a), budget, self.T_tot).sum()
+                R = resource_loss(flops(state.layers, state.head, a), budget, state.T_tot).sum()
                 (dR,) = torch.autograd.grad(R, a)
             A = (A - c.mask_lr * (grad + c.resource_weight * dR)).clamp(0, 1)
-        return A, top_share(self.layers, A, budget)
+        return A, top_share(state.layers, A, budget)
 
     def round(self, state: HeteroState, t: int, ops: ClientOps) -> tuple[HeteroState, dict]:
         c = self.cfg
         clients = sample_clients(ops.n_clients, c.client_rate, self.seed, t).to(state.w.device)
         A, B = self._select(ops, state, clients, t)
-        M = expand_mask(self.layers, B, ops.dim)  # (m, d) in {0, 1}
+        M = expand_mask(state.layers, B, ops.dim)  # (m, d) in {0, 1}
         Y0 = M * state.w  # the sub-models
         Y = Y0.clone()
         loss = None
@@ -196,19 +229,15 @@ class FedSepHetero:
         newA, newB = state.A.clone(), state.B.clone()
         newA[clients], newB[clients] = A, B
         kept = M.sum(dim=1)
-        share = flops(self.layers, self.head, B) / self.T_tot
-        return HeteroState(w, newA, newB, state.budget), {
+        share = flops(state.layers, state.head, B) / state.T_tot
+        return replace(state, w=w, A=newA, B=newB), {
             "train_loss": float(loss.mean()),
             "bytes_sent": float(2 * kept.sum() * FLOAT),  # sub-model down, its update up
             "flops_share": float(share.mean()),
         }
 
     def eval_params(self, state: HeteroState) -> torch.Tensor:
-        return expand_mask(self.layers, state.B, state.w.numel()) * state.w
+        return expand_mask(state.layers, state.B, state.w.numel()) * state.w
 
     def collaboration(self, state: HeteroState) -> None:
         return None
-
-
-# ---------------------------------------------------------------------------------------
-# Count-Sketch compression (FetchSGD, Rothchild et al. 2020: the paper's reference [42])

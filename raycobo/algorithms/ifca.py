@@ -16,13 +16,21 @@ advantage the CoBo paper gives IFCA).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
 from raycobo.algorithms.common import group_average, local_sgd, same_group_matrix, sample_clients
-from raycobo.config import AlgorithmConfig, ConfigError
+from raycobo.algorithms.settings import ClientSampling, ClusterCount, LocalTraining, MethodConfig
+from raycobo.settings import ConfigError
+
+
+class IFCAConfig(LocalTraining, ClientSampling, ClusterCount, MethodConfig):
+    """IFCA (Ghosh et al. 2020): k cluster models, each client picks the best."""
+
+    name: Literal["ifca"] = "ifca"
 
 
 @dataclass
@@ -44,7 +52,7 @@ def clustered_fedavg_step(
     ops: ClientOps,
     state: ClusteredState,
     clients: torch.Tensor,
-    cfg: AlgorithmConfig,
+    cfg: IFCAConfig,
     t: int,
 ) -> tuple[ClusteredState, torch.Tensor]:
     """Local SGD of ``clients`` from their assigned cluster models, then per-cluster
@@ -72,7 +80,7 @@ def choose_clusters(
 class IFCA:
     name = "ifca"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: IFCAConfig, rounds: int, seed: int):
         self.cfg, self.seed = cfg, seed
 
     def init(self, ops: ClientOps) -> ClusteredState:

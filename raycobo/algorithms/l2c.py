@@ -1,4 +1,4 @@
-"""L2C and meta-L2C: learning to collaborate through the validation loss after aggregation.
+"""L2C: learning to collaborate through the validation loss after aggregation.
 
 Li, Zhou, Wang, Sun, Zhang, "Learning to Collaborate in Decentralized Learning of
 Personalized Models" (CVPR 2022) -- Section 3 and Algorithm 1.
@@ -38,15 +38,26 @@ Readings chosen, where the paper leaves room:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from torch import nn
+from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps, all_clients
 from raycobo.algorithms.common import local_sgd
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.settings import LocalTraining, MethodConfig
+
+
+class L2CConfig(LocalTraining, MethodConfig):
+    """L2C (defaults from the paper: Adam lr 0.1, weight decay 0.01, T0 = 10, 90 % of the
+    neighbours removed)."""
+
+    name: Literal["l2c"] = "l2c"
+    mix_lr: float = Field(default=0.1, gt=0, description="Adam lr of the mixing parameters")
+    mix_weight_decay: float = Field(default=0.01, ge=0, description="Adam weight decay")
+    prune_round: int | None = Field(default=10, ge=0, description="T0; null: never prune")
+    prune_fraction: float = Field(default=0.9, ge=0, lt=1, description="K0 / |N(i)|")
 
 
 def masked_softmax(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -82,67 +93,53 @@ def prune(W: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
     return new
 
 
-class ChannelEncoder(nn.Module):
-    """meta-L2C's E: per layer l a two-layer network E_l applied to every channel of the
-    layer, outputs concatenated (Eq. 7-8). ``layout``: (offset, channels, size) blocks."""
-
-    def __init__(self, layout: list[tuple[int, int, int]], hidden: int = 10, out: int = 5):
-        super().__init__()
-        self.layout = [tuple(int(v) for v in b) for b in layout]
-        self.sizes = [size for _, _, size in self.layout]
-        self.nets = nn.ModuleList(
-            nn.Sequential(nn.Linear(size, hidden), nn.ReLU(), nn.Linear(hidden, out))
-            for size in self.sizes
-        )
-
-    def forward(self, V: torch.Tensor) -> torch.Tensor:
-        """V: (m, d) flat parameter vectors -> (m, sum_l channels_l * out)."""
-        m = V.shape[0]
-        parts = []
-        for (offset, channels, size), net in zip(self.layout, self.nets, strict=True):
-            block = V[:, offset : offset + channels * size].reshape(m, channels, size)
-            parts.append(net(block).reshape(m, -1))
-        return torch.cat(parts, dim=1)
-
-
 @dataclass
 class L2CState:
     X: torch.Tensor  # (n, d) models theta_i^t
     X0: torch.Tensor  # (n, d) initial models theta_i^0
     mask: torch.Tensor  # (n, n) bool: j in i u N(i)
-    params: Any  # alpha (n, n) for L2C, the ChannelEncoder for meta-L2C
+    params: Any  # the mixing parameters: alpha (n, n), or meta-L2C's encoder
     opt: torch.optim.Optimizer | None
     W: torch.Tensor  # (n, n) the last mixing weights (0 outside the mask)
 
 
-class L2C:
-    """L2C: free mixing logits alpha_ij per client pair."""
+class FreeLogits:
+    """L2C's mixing parameters: free logits alpha_ij per client pair (line 13)."""
 
-    name = "l2c"
     transfers_per_edge = 1  # Delta theta_j
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
-        self.cfg, self.rounds, self.seed = cfg, rounds, seed
-
-    # -- what differs between L2C and meta-L2C ---------------------------------------------
-    def make_params(self, ops: ClientOps, n: int) -> Any:
+    def make_params(self, ops: ClientOps, n: int) -> torch.Tensor:
         return torch.zeros(n, n, device=ops.device, requires_grad=True)
 
-    def trainable(self, params: Any) -> list[torch.Tensor]:
+    def trainable(self, params: torch.Tensor) -> list[torch.Tensor]:
         return [params]
 
-    def logits(self, params: Any, Dhat: torch.Tensor) -> torch.Tensor:
+    def logits(self, params: torch.Tensor, Dhat: torch.Tensor) -> torch.Tensor:
         return params
 
     def objective_scale(self, n: int) -> float:
         return 1.0  # each alpha_i minimises its own client's validation loss (Eq. 3)
 
-    # -- the shared round ------------------------------------------------------------------
+    def artifacts(self, params: torch.Tensor) -> dict[str, Any]:
+        return {}
+
+
+class L2C:
+    """The learning-to-collaborate round (Algorithm 1) over a mixing parameterisation:
+    ``FreeLogits`` here, meta-L2C's encoder in ``meta_l2c.py``."""
+
+    def __init__(
+        self, cfg: L2CConfig, rounds: int, seed: int, mixing: Any = None, name: str = "l2c"
+    ):
+        self.cfg, self.rounds, self.seed = cfg, rounds, seed
+        self.mixing = mixing if mixing is not None else FreeLogits()
+        self.name = name
+
     def init(self, ops: ClientOps) -> L2CState:
         n = ops.n_clients
         X = ops.initial_params().unsqueeze(0).repeat(n, 1)
-        params = self.make_params(ops, n)
-        trainable = self.trainable(params)
+        params = self.mixing.make_params(ops, n)
+        trainable = self.mixing.trainable(params)
         opt = None
         if trainable:
             opt = torch.optim.Adam(
@@ -153,18 +150,18 @@ class L2C:
         return L2CState(X, X.clone(), mask, params, opt, W)
 
     def round(self, state: L2CState, t: int, ops: ClientOps) -> tuple[L2CState, dict]:
-        c = self.cfg
+        c, mix = self.cfg, self.mixing
         n = ops.n_clients
         clients = all_clients(ops)
         Y, train_loss = local_sgd(ops, clients, state.X, c.lr, c.local_steps, t, rng.STEP)
         D = state.X - Y  # Delta theta^t (line 11)
         Dhat = Y - state.X0  # Delta hat theta^t
         with torch.enable_grad():
-            W = masked_softmax(self.logits(state.params, Dhat), state.mask)  # lines 13-14
+            W = masked_softmax(mix.logits(state.params, Dhat), state.mask)  # lines 13-14
             A, X_new, val_loss = validation_signal(ops, state.X, D, W.detach(), t)  # line 16
             if state.opt is not None:  # line 18
                 state.opt.zero_grad(set_to_none=True)
-                W.backward(A.to(W.dtype) / self.objective_scale(n))
+                W.backward(A.to(W.dtype) / mix.objective_scale(n))
                 state.opt.step()
         W = W.detach()
         mask = state.mask
@@ -176,7 +173,7 @@ class L2C:
             "train_loss": float(train_loss.mean()),
             "val_loss": float(val_loss.mean()),
             "edges": float(edges),
-            "bytes_sent": float(edges * ops.dim * 4 * self.transfers_per_edge),
+            "bytes_sent": float(edges * ops.dim * 4 * mix.transfers_per_edge),
         }
 
     def eval_params(self, state: L2CState) -> torch.Tensor:
@@ -185,66 +182,6 @@ class L2C:
     def collaboration(self, state: L2CState) -> torch.Tensor:
         return state.W
 
-
-class MetaL2C(L2C):
-    """meta-L2C: mixing weights from a shared encoder of the clients' model changes."""
-
-    name = "meta_l2c"
-    transfers_per_edge = 2  # Delta theta_j and Delta hat theta_j
-
-    def make_params(self, ops: ClientOps, n: int) -> ChannelEncoder:
-        c = self.cfg
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(rng.hash_ints(self.seed, rng.INIT, 0xE2C)))
-            enc = ChannelEncoder(ops.param_layout(), c.encoder_hidden, c.encoder_out)
-        if c.encoder_path is not None:
-            load_encoder(enc, c.encoder_path)
-        return enc.to(ops.device)
-
-    def trainable(self, params: ChannelEncoder) -> list[torch.Tensor]:
-        return list(params.parameters()) if self.cfg.train_encoder else []
-
-    def logits(self, params: ChannelEncoder, Dhat: torch.Tensor) -> torch.Tensor:
-        E = params(Dhat)  # (n, e)
-        return E @ E.T  # f(theta_i, theta_j) = <E_i, E_j> (Eq. 5)
-
-    def objective_scale(self, n: int) -> float:
-        return float(n)  # the encoder minimises the mean validation loss (Eq. 6)
-
     def artifacts(self, state: L2CState) -> dict[str, Any]:
-        """The trained encoder, loadable with ``algorithm.encoder_path`` (transfer)."""
-        enc: ChannelEncoder = state.params
-        return {"encoder": encoder_payload(enc)}
-
-
-def encoder_payload(enc: ChannelEncoder) -> dict[str, Any]:
-    return {
-        "sizes": list(enc.sizes),
-        "state_dict": {k: v.detach().cpu() for k, v in enc.state_dict().items()},
-    }
-
-
-def load_encoder(enc: ChannelEncoder, path: str) -> None:
-    """Load a pre-trained encoder; its per-layer channel sizes must match this model's
-    (the channel counts may differ: E_l is shared across a layer's channels)."""
-    from pathlib import Path
-
-    from raycobo.config import ConfigError
-
-    if not Path(path).is_file():
-        raise ConfigError(f"invalid config key 'algorithm.encoder_path': no file {path}")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(payload, dict) or "state_dict" not in payload:
-        raise ConfigError(
-            f"invalid config key 'algorithm.encoder_path': {path} is not a meta-L2C encoder"
-        )
-    if list(payload["sizes"]) != list(enc.sizes):
-        raise ConfigError(
-            f"invalid config key 'algorithm.encoder_path': {path} encodes layers of channel "
-            f"sizes {list(payload['sizes'])}, this model has {enc.sizes}"
-        )
-    try:
-        enc.load_state_dict(payload["state_dict"])
-    except RuntimeError as err:
-        first = str(err).splitlines()[0]
-        raise ConfigError(f"invalid config key 'algorithm.encoder_path': {first}") from None
+        """What the mixing parameterisation exports (meta-L2C: its trained encoder)."""
+        return self.mixing.artifacts(state.params)

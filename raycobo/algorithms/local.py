@@ -4,13 +4,20 @@ reference of CoBo Table 2; "Imp.(%)" counts clients that beat it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps, all_clients
 from raycobo.algorithms.common import local_sgd
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.settings import LocalTraining, MethodConfig
+
+
+class LocalConfig(LocalTraining, MethodConfig):
+    """Local training, no collaboration."""
+
+    name: Literal["local"] = "local"
 
 
 @dataclass
@@ -21,7 +28,7 @@ class LocalState:
 class Local:
     name = "local"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: LocalConfig, rounds: int, seed: int):
         self.cfg = cfg
 
     def init(self, ops: ClientOps) -> LocalState:

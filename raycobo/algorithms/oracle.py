@@ -6,18 +6,26 @@ CoBo's W should recover.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from raycobo.algorithms.base import ClientOps
 from raycobo.algorithms.common import same_group_matrix, sample_clients
 from raycobo.algorithms.ifca import ClusteredState, clustered_fedavg_step, n_true_clusters
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
+
+
+class OracleConfig(LocalTraining, ClientSampling, MethodConfig):
+    """FedAvg inside each ground-truth cluster."""
+
+    name: Literal["oracle"] = "oracle"
 
 
 class Oracle:
     name = "oracle"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: OracleConfig, rounds: int, seed: int):
         self.cfg, self.seed = cfg, seed
 
     def init(self, ops: ClientOps) -> ClusteredState:

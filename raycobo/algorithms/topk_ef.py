@@ -7,6 +7,7 @@ and keeps the rest as memory; the server averages the sparse updates and broadca
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -18,7 +19,19 @@ from raycobo.algorithms.common import (
     top_count,
     top_k,
 )
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.settings import (
+    ClientSampling,
+    LocalTraining,
+    MethodConfig,
+    ServerStep,
+    TopKShare,
+)
+
+
+class TopKConfig(LocalTraining, ClientSampling, ServerStep, TopKShare, MethodConfig):
+    """Top-K with error feedback (FedSep's communication baseline)."""
+
+    name: Literal["topk_ef"] = "topk_ef"
 
 
 @dataclass
@@ -30,7 +43,7 @@ class TopKState:
 class TopKEF:
     name = "topk_ef"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: TopKConfig, rounds: int, seed: int):
         self.cfg, self.rounds, self.seed = cfg, rounds, seed
 
     def init(self, ops: ClientOps) -> TopKState:

@@ -19,12 +19,22 @@ held-out data (stream VAL).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps, all_clients
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.settings import MethodConfig
+
+
+class ValidationConfig(MethodConfig):
+    """Trust from validation losses (Wagner et al. 2024; CoBo Table 2's LLM baseline)."""
+
+    name: Literal["validation_based"] = "validation_based"
+    trust_every: int = Field(default=10, ge=1, description="rounds between trust updates")
+    trust_temperature: float = Field(default=0.1, gt=0, description="softmax temperature")
 
 
 @dataclass
@@ -36,7 +46,7 @@ class TrustState:
 class ValidationBased:
     name = "validation_based"
 
-    def __init__(self, cfg: AlgorithmConfig, rounds: int, seed: int):
+    def __init__(self, cfg: ValidationConfig, rounds: int, seed: int):
         self.cfg, self.rounds, self.seed = cfg, rounds, seed
 
     def init(self, ops: ClientOps) -> TrustState:

@@ -29,14 +29,12 @@ def profile_round(
     from torch.profiler import ProfilerActivity, profile
 
     from raycobo.algorithms import build_algorithm
+    from raycobo.config import with_overrides
     from raycobo.engine import make_local_ops
 
-    extra = [
-        f"engine.device={device}",
-        f"engine.strategy={strategy}",
-        f"algorithm.name={algorithm}",
-    ]
+    extra = [f"engine.device={device}", f"engine.strategy={strategy}"]
     cfg, data = workload(model, n, engine, batch_size, extra)
+    cfg = with_overrides(cfg, {"algorithm.name": algorithm})  # CoBo's own keys drop
     ops = make_local_ops(cfg, data)
     algo = build_algorithm(cfg.algorithm, 10**6, 0)
     stepper = Stepper(algo, ops)

@@ -21,7 +21,9 @@ time_budget_s: 3600                    # optional bound on the whole sweep
 ```
 
 Every key of ``space`` is checked against the config schema with each value the
-distribution can take at its bounds; bad keys and bounds are one-line errors naming them.
+distribution can take at its bounds, and against every method the space sweeps
+(``algorithm.name``): a setting that one of them does not have would make a flat,
+meaningless sweep. Bad keys and bounds are one-line errors naming them.
 """
 
 from __future__ import annotations
@@ -131,12 +133,17 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> tuple[Sw
     base = validate(base_tree)
     if not spec.space:
         raise ConfigError(f"sweep {p} has an empty 'space': nothing to search")
+    # a space that sweeps the method checks every other key against each method
+    names = spec.space.get("algorithm.name")
+    methods = [None] if names is None else _bounds_values("algorithm.name", names)
     for key, dist in spec.space.items():
         for value in _bounds_values(key, dist):
-            try:
-                with_overrides(base, {key: value})
-            except ConfigError as err:
-                raise ConfigError(f"invalid sweep space 'space.{key}': {err}") from None
+            for method in methods:
+                point = {key: value} if method is None else {"algorithm.name": method, key: value}
+                try:
+                    with_overrides(base, point)
+                except ConfigError as err:
+                    raise ConfigError(f"invalid sweep space 'space.{key}': {err}") from None
     return spec, base
 
 

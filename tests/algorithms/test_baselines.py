@@ -89,8 +89,8 @@ def test_ditto_personal_step_by_hand(quad_cfg):
 
 
 def test_fedavg_ft_is_fedavg_then_local(quad_cfg):
-    over = ("data.noise=0.2", "rounds=12", "algorithm.ft_steps=4", "algorithm.lr=0.1")
-    _, _, ops, ft = setup(quad_cfg, "algorithm.name=fedavg_ft", *over)
+    over = ("data.noise=0.2", "rounds=12", "algorithm.lr=0.1")
+    _, _, ops, ft = setup(quad_cfg, "algorithm.name=fedavg_ft", "algorithm.ft_steps=4", *over)
     _, _, _, fa = setup(quad_cfg, "algorithm.name=fedavg", *over)
     s_ft = run_rounds(ft, ops, 8)
     s_fa = run_rounds(fa, ops, 8)

@@ -7,8 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from raycobo.algorithms import evaluate
-from raycobo.algorithms.cobo import CoBo, CoBoState, penalty, update_weights
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.cobo import CoBo, CoBoConfig, CoBoState, penalty, update_weights
 from raycobo.data.quadratic import QuadraticOps, QuadraticProblem
 from tests.helpers import build, run_rounds
 
@@ -28,7 +27,7 @@ def two_clients(mu1, mu2, a=(1.0, 2.0), x0=None, noise=0.0):
 def test_one_round_matches_hand_computation():
     """Two full-batch quadratics, noise 0, W^0 = 1, full sampling: one round by hand."""
     ops = two_clients([1.0, 0.0], [0.0, 2.0], a=(1.0, 2.0))
-    cfg = AlgorithmConfig(name="cobo", lr=0.1, rho=0.5, gamma=0.05, sampling="full")
+    cfg = CoBoConfig(lr=0.1, rho=0.5, gamma=0.05, sampling="full")
     algo = CoBo(cfg, rounds=10, seed=0)
     X = torch.tensor([[2.0, 1.0], [-1.0, 0.0]])
     state = CoBoState(X.clone(), torch.ones(2, 2))
@@ -82,7 +81,7 @@ def test_penalty_is_weighted_sum_of_differences():
 def test_figure1_point_a_far_from_optima_keeps_collaborating():
     """Both models far from nearby optima: gradients at the midpoint align, w stays 1."""
     ops = two_clients([1.0, 0.0], [-1.0, 0.0], x0=[0.0, 50.0])
-    cfg = AlgorithmConfig(name="cobo", lr=0.01, rho=0.1, gamma=0.1, sampling="full")
+    cfg = CoBoConfig(lr=0.01, rho=0.1, gamma=0.1, sampling="full")
     state = run_rounds(CoBo(cfg, 20, 0), ops, 20)
     assert state.W[0, 1] == 1.0
 
@@ -90,7 +89,7 @@ def test_figure1_point_a_far_from_optima_keeps_collaborating():
 def test_figure1_point_b_separated_optima_disconnect():
     """Near convergence with distinct optima the gradients oppose: w goes to 0."""
     ops = two_clients([3.0, 0.0], [-3.0, 0.0], x0=[0.0, 0.0])
-    cfg = AlgorithmConfig(name="cobo", lr=0.1, rho=0.1, gamma=0.1, sampling="full")
+    cfg = CoBoConfig(lr=0.1, rho=0.1, gamma=0.1, sampling="full")
     state = run_rounds(CoBo(cfg, 150, 0), ops, 150)
     assert state.W[0, 1] == 0.0
     # disconnected, each model reaches its own optimum

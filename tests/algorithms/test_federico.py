@@ -6,8 +6,7 @@ import torch
 from torch.testing import assert_close
 
 from raycobo.algorithms import build_algorithm, evaluate
-from raycobo.algorithms.federico import FedeRiCo, select_neighbours
-from raycobo.config import AlgorithmConfig
+from raycobo.algorithms.federico import FedeRiCo, FedeRiCoConfig, select_neighbours
 from raycobo.data import load_data
 from raycobo.engine import make_local_ops
 from tests.helpers import build, on_engines, run_rounds
@@ -55,7 +54,7 @@ def test_m_step_sums_weighted_gradients_received():
         torch.zeros(2),
     )
     ops = QuadraticOps(p, seed=0)
-    cfg = AlgorithmConfig(name="federico", lr=0.1, neighbors=1, epsilon=0.0, beta=0.5)
+    cfg = FedeRiCoConfig(lr=0.1, neighbors=1, epsilon=0.0, beta=0.5)
     algo = FedeRiCo(cfg, 5, 0)
     s0 = algo.init(ops)
     s1, _ = algo.round(s0, 0, ops)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -82,7 +84,7 @@ def test_identity_sketch_without_sparsity_is_fedavg(quad_cfg):
     )
     a = run_rounds(fedavg, ops, 6)
     b = run_rounds(fedsep, ops2, 6)
-    assert_close(fedsep.prediction(b, ops2)[0], a.x, atol=1e-6, rtol=1e-6)
+    assert_close(fedsep.eval_params(b)[0], a.x, atol=1e-6, rtol=1e-6)
 
 
 def test_bytes_sent_scale_with_the_sketch_dimension(digits_cfg):
@@ -111,9 +113,9 @@ def test_fedsep_learns_through_a_small_sketch(digits_cfg):
     )
     _, ops, algo = build(cfg)
     state = algo.init(ops)
-    before = ops.evaluate(torch.arange(ops.n_clients), algo.prediction(state, ops)).loss.mean()
+    before = ops.evaluate(torch.arange(ops.n_clients), algo.eval_params(state)).loss.mean()
     state = run_rounds(algo, ops, 30, state)
-    after = ops.evaluate(torch.arange(ops.n_clients), algo.prediction(state, ops)).loss.mean()
+    after = ops.evaluate(torch.arange(ops.n_clients), algo.eval_params(state)).loss.mean()
     assert after < 0.8 * before
 
 
@@ -177,7 +179,7 @@ def test_channel_mask_gradient_matches_finite_differences(digits_cfg):
 
     _, ops, algo = _hetero(digits_cfg)
     state = algo.init(ops)
-    layers, d = algo.layers, ops.dim
+    layers, d = state.layers, ops.dim
     clients = torch.tensor([0])
     g = torch.Generator().manual_seed(3)
     A = 0.3 + 0.6 * torch.rand(1, 24, generator=g)
@@ -197,7 +199,6 @@ def test_learned_masks_keep_useful_channels_within_budget(digits_cfg):
     """In a trained model, half of the first hidden layer is made to feed nothing forward
     (zero outgoing weights): the data-chosen masks drop those channels; every layer keeps
     ceil(p * C) channels."""
-    from raycobo.algorithms.fedsep_hetero import HeteroState
 
     _, ops, full = _hetero(digits_cfg, "algorithm.budgets=[1.0]", "algorithm.local_steps=5")
     trained = run_rounds(full, ops, 40)
@@ -205,11 +206,11 @@ def test_learned_masks_keep_useful_channels_within_budget(digits_cfg):
         digits_cfg, "algorithm.budgets=[0.5]", "algorithm.decode_steps=20", "algorithm.mask_lr=0.1"
     )
     state = algo.init(ops)
-    L1, L2 = algo.layers
+    L1, L2 = state.layers
     w = trained.w.clone()
     W2 = w[L2.offset : L2.offset + L2.channels * L2.size].view(L2.channels, L2.size)
     W2[:, 8:] = 0.0  # channels 8..15 of layer 1 are dead weight
-    state = HeteroState(w, state.A, state.B, state.budget)
+    state = replace(state, w=w)
     clients = torch.arange(ops.n_clients)
     A, B = algo._select(ops, state, clients, 0)
     # (at a trained model the first-order signal is ~0 at a = 1; the resource pressure

@@ -8,11 +8,11 @@ from torch.testing import assert_close
 
 from raycobo import rng
 from raycobo.algorithms.l2c import (
-    ChannelEncoder,
     masked_softmax,
     prune,
     validation_signal,
 )
+from raycobo.algorithms.meta_l2c import ChannelEncoder
 from raycobo.config import ConfigError
 from tests.helpers import build, on_engines, run_rounds
 
@@ -143,7 +143,7 @@ def test_meta_l2c_encoder_gives_identical_updates_identical_weights():
 def test_meta_l2c_learns_and_transfers_its_encoder(quad_cfg, tmp_path):
     """Weights concentrate on the own cluster; the exported encoder loads into a fresh
     run (frozen) and reproduces the trained mixing; a mismatched model is refused."""
-    from raycobo.algorithms.l2c import encoder_payload
+    from raycobo.algorithms.meta_l2c import encoder_payload
 
     cfg = _quad(
         quad_cfg, "algorithm.name=meta_l2c", "algorithm.mix_lr=0.01", "algorithm.prune_round=null"
@@ -171,8 +171,8 @@ def test_meta_l2c_learns_and_transfers_its_encoder(quad_cfg, tmp_path):
     from raycobo.algorithms.l2c import masked_softmax
 
     Dhat = state.X - state.X0
-    W_trained = masked_softmax(algo.logits(state.params, Dhat), state.mask)
-    W_frozen = masked_softmax(algo2.logits(s2.params, Dhat), state.mask)
+    W_trained = masked_softmax(algo.mixing.logits(state.params, Dhat), state.mask)
+    W_frozen = masked_softmax(algo2.mixing.logits(s2.params, Dhat), state.mask)
     assert_close(W_frozen, W_trained, atol=1e-7, rtol=1e-6)
     s2 = run_rounds(algo2, ops2, 30, s2)
     assert float(s2.W[same].sum()) / 9 > 0.6  # good weights without training the encoder

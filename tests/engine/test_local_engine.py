@@ -10,7 +10,7 @@ from raycobo.algorithms import ALGORITHMS, build_algorithm, evaluate
 from raycobo.config import with_overrides
 from raycobo.data import load_data
 from raycobo.engine import make_local_ops
-from tests.helpers import SHORT_RUN, on_engines, run_rounds
+from tests.helpers import on_engines, run_rounds, short_run
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_alignment_uses_each_clients_own_data(both_engines):
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_algorithms_agree_across_engines(digits_cfg, name):
     """Every registered algorithm (a new one is covered by registering it)."""
-    cfg = with_overrides(digits_cfg(), {"algorithm.name": name, **SHORT_RUN})
+    cfg = with_overrides(digits_cfg(), short_run(name))
     results = []
     for algo, ops, state in on_engines(cfg, cfg.rounds):  # vectorized, then the loop
         W = algo.collaboration(state)

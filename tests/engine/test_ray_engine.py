@@ -13,7 +13,7 @@ from raycobo.config import with_overrides  # noqa: E402
 from raycobo.data import load_data  # noqa: E402
 from raycobo.engine import make_local_ops  # noqa: E402
 from raycobo.engine.ray import RayRun, start_ray  # noqa: E402
-from tests.helpers import SHORT_RUN, ray_matches_local, run_local, run_ray  # noqa: E402
+from tests.helpers import ray_matches_local, run_local, run_ray, short_run  # noqa: E402
 
 TIMEOUT = 120
 
@@ -44,7 +44,6 @@ def quad_cfg_module():
             "engine.cpus_per_actor=0.5",
             f"engine.timeout_s={TIMEOUT}",
             "algorithm.sampling=full",
-            "algorithm.ft_steps=2",
         ],
     )
 
@@ -65,7 +64,7 @@ def test_every_algorithm_gives_the_local_engines_numbers(ray_2_cpus_2_fake_gpus,
             "engine.cpus_per_actor=0.5",
             f"engine.timeout_s={TIMEOUT}",
         ),
-        {"algorithm.name": name, **SHORT_RUN},
+        short_run(name),
     )
     _, report = ray_matches_local(cfg, 3)
     assert report["hosts"] == 2

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from raycobo import rng
+from raycobo.algorithms.base import Elastic, ExportsArtifacts, PlansAlignment
 from raycobo.engine.ray.errors import HostsLost
 from raycobo.engine.ray.ops import AsyncGrads, RayClientOps
 from raycobo.engine.ray.resident import ResidentRounds, _Pending
@@ -91,7 +92,7 @@ class CoordinatorImpl(ResidentRounds):
         t0, c0 = time.perf_counter(), self.ops.critical_compute_s
         if not self.span:
             self.span = [t0, t0]
-        asynchronous = self.staleness > 0 and hasattr(self.algo, "plan")
+        asynchronous = self.staleness > 0 and isinstance(self.algo, PlansAlignment)
         while True:
             try:
                 if self.resident:
@@ -102,13 +103,14 @@ class CoordinatorImpl(ResidentRounds):
                     self.state, stats = self.algo.round(self.state, t, self.ops)
                 break
             except HostsLost as lost:  # engine.on_failure=drop: go on without them
-                leave = getattr(self.algo, "leave", None)
-                if leave is None:
+                if not isinstance(self.algo, Elastic):
                     raise RuntimeError(
                         f"{lost}, and algorithm '{self.algo.name}' cannot continue without "
                         "them (engine.on_failure=drop needs clients that can leave: cobo)"
                     ) from None
-                self.state = leave(self.state, lost.clients)  # the round reruns without them
+                self.state = self.algo.leave(
+                    self.state, lost.clients
+                )  # the round reruns without them
                 self.ops.events.append(
                     {"event": "clients_dropped", "round": t, "clients": lost.clients}
                 )
@@ -191,14 +193,14 @@ class CoordinatorImpl(ResidentRounds):
     def artifacts(self) -> dict[str, Any]:
         if self.resident:
             return {}
-        export = getattr(self.algo, "artifacts", None)
-        return export(self.state) if export is not None else {}
+        exports = isinstance(self.algo, ExportsArtifacts)
+        return self.algo.artifacts(self.state) if exports else {}
 
     @_between_rounds
     def membership(self, kind: str, clients: list[int]) -> None:
-        fn = getattr(self.algo, kind, None)
-        if fn is None:
+        if not isinstance(self.algo, Elastic):
             raise ValueError(f"algorithm '{self.algo.name}' has no clients joining or leaving")
+        fn = self.algo.join if kind == "join" else self.algo.leave
         if self.resident:  # W rows and columns change: every host gets its new rows
             self._roll_back()
             state = fn(self._resident_state(), clients)

@@ -98,10 +98,11 @@ class RayRun:
         self.device = torch.device("cpu")
         self.name = cfg.algorithm.name
         from raycobo.algorithms import ALGORITHMS
+        from raycobo.algorithms.base import Elastic
 
-        for kind in ("join", "leave"):  # only for algorithms with elastic clients
-            if not hasattr(ALGORITHMS.get(self.name), kind):
-                setattr(self, kind, None)
+        build = ALGORITHMS.get(self.name)
+        if not (isinstance(build, type) and issubclass(build, Elastic)):
+            self.join = self.leave = None  # only for algorithms with elastic clients
 
     def _get(self, ref):
         import ray

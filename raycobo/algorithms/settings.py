@@ -1,0 +1,45 @@
+"""The settings that several methods share, as small mixins of the per-method config
+classes (each method's own class lives in its module, e.g. ``CoBoConfig`` in
+``cobo.py``). A method's section holds exactly the keys the method reads: a key of
+another method is refused when the config is loaded (``raycobo.config``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from raycobo.settings import Section
+
+
+class MethodConfig(Section):
+    """Every method: its name and the model step size."""
+
+    name: str
+    lr: float = Field(default=0.1, gt=0, description="eta: model step size")
+
+
+class LocalTraining(Section):
+    local_steps: int = Field(default=1, ge=1, description="local SGD steps per round")
+
+
+class ClientSampling(Section):
+    client_rate: float = Field(
+        default=1.0, gt=0, le=1, description="share of clients taking part in a round"
+    )
+
+
+class ServerStep(Section):
+    server_lr: float = Field(default=1.0, gt=0, description="eta_g: server step size")
+
+
+class TopKShare(Section):
+    topk_fraction: float = Field(default=0.01, gt=0, le=1, description="K / d")
+
+
+class ClusterCount(Section):
+    num_clusters: int | None = Field(
+        default=None, ge=1, description="clusters; null: the ground-truth number"
+    )
+
+
+class Decoding(Section):
+    decode_steps: int = Field(default=20, ge=1, description="I_dec, FISTA iterations")
