@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test install data lint clean bench llm
+.PHONY: demo test install data lint clean bench llm fidelity fidelity-quick
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,14 @@ lint: install
 
 bench: install
 	$(VENV)/bin/raycobo bench engine
+
+# The papers' claims side by side (benchmarks/fidelity): 3 seeds each, the Ditto sweep,
+# then FIDELITY.md from the runs (about an hour on 2 cores); -quick: minutes, one seed.
+fidelity: install data
+	$(PY) benchmarks/fidelity/run.py
+
+fidelity-quick: install data
+	$(PY) benchmarks/fidelity/run.py --quick
 
 clean:
 	rm -rf $(VENV) runs mlruns.db mlartifacts .pytest_cache

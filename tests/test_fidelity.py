@@ -1,0 +1,72 @@
+"""The fidelity suite (benchmarks/fidelity): its orderings hold on the quickstart's
+twin in a CI-sized run, and the report reads them from the runs. Orderings, never
+timings; digits instead of Fashion-MNIST (no data files needed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks" / "fidelity"))
+
+import report  # noqa: E402
+import run as fidelity  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory):
+    """The quickstart claim on digits (as `raycobo demo` falls back to), 1 seed. Seed 0
+    measured: Local 84.3 %, CoBo 92.4 %, Oracle 94.1 %."""
+    out = tmp_path_factory.mktemp("fidelity")
+    claim = next(c for c in fidelity.load_claims() if c["id"] == "quickstart-twin")
+    extra = [
+        "data.name=digits",
+        "data.fraction=0.2",  # 0.5 leaves each client enough data alone to tie CoBo
+        "model.hidden=[32]",
+        "compare.algorithms=[local,cobo,oracle]",
+    ]
+    claim = {**claim, "overrides": [*claim.get("overrides", []), *extra]}
+    fidelity.run_claim(claim, out, [0])
+    return claim, out
+
+
+def test_oracle_and_cobo_above_local_on_the_twin(twin):
+    claim, out = twin
+    root = out / claim["id"]
+    rows = report.load_rows(root)
+    for text in ("oracle >= cobo", "cobo > local"):
+        ok, detail = report.holds(text, rows, "accuracy", root)
+        assert ok, f"{text}: {detail}"
+
+
+def test_the_report_is_generated_from_the_runs(twin, tmp_path):
+    claim, out = twin
+    text = report.write_report(out, tmp_path / "F.md").read_text()
+    section = text.split("### quickstart-twin")[1].split("###")[0]
+    acc = {
+        r["algorithm"]: 100 * r["mean_accuracy"]
+        for r in report.load_rows(out / claim["id"]).values()
+    }
+    assert f"| cobo | 74.6 | {acc['cobo']:.2f} |" in section  # the paper's beside ours
+    assert "| cobo > local | ✓ |" in section
+    assert "| ditto > local | ? | no result |" in section  # not run here: not a pass
+    assert "Figure 3 (W against the true clusters, CoBo): seed 0: within" in section
+    # claims that were not run say so instead of showing numbers
+    assert "### cobo-table2-cross-device" in text and "Not run yet." in text
+
+
+def test_an_ordering_is_checked_both_ways():
+    rows = {
+        "a": {"mean_accuracy": 0.80, "std_accuracy": 0.01},
+        "b": {"mean_accuracy": 0.795, "std_accuracy": 0.01},
+    }
+    root = Path(".")
+    assert report.holds("a > b", rows, "accuracy", root)[0] is True
+    assert report.holds("b > a", rows, "accuracy", root)[0] is False
+    assert report.holds("b >= a", rows, "accuracy", root)[0] is True  # within one std
+    rows["b"]["mean_accuracy"] = 0.70
+    assert report.holds("b >= a", rows, "accuracy", root)[0] is False
+    assert report.holds("c > a", rows, "accuracy", root)[0] is None
