@@ -362,7 +362,8 @@ def write_compare_plots(
         written[0], {e: [r.summary["history"] for r in rs] for e, rs in results.items()}
     )
     first = {e: rs[0] for e, rs in results.items()}
-    clusters = [c["cluster"] for c in next(iter(first.values())).summary["clients"]]
+    # entries may differ in their clients (e.g. variants over the number of clusters)
+    clusters = {e: [c["cluster"] for c in r.summary["clients"]] for e, r in first.items()}
     snaps: dict[str, dict[int, np.ndarray]] = {}
     for e, r in first.items():
         path = r.run_dir / "collaboration_rounds.npz"

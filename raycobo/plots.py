@@ -115,9 +115,13 @@ def plot_curves_band(path: Path, runs: dict[str, list[list[dict[str, Any]]]]) ->
 
 
 def plot_matrix_grid(
-    path: Path, snaps: dict[str, dict[int, np.ndarray]], clusters: list[int | None]
+    path: Path,
+    snaps: dict[str, dict[int, np.ndarray]],
+    clusters: dict[str, list[int | None]] | list[int | None],
 ) -> None:
-    """W of every method (rows) at several rounds (columns), as in CoBo's Figure 3."""
+    """W of every method (rows) at several rounds (columns), as in CoBo's Figure 3.
+    ``clusters``: the true clusters of each row's clients (entries of a comparison may
+    have different numbers of clients), or one list for all."""
     names = list(snaps)
     ncols = max(len(v) for v in snaps.values())
     fig, axes = plt.subplots(
@@ -129,7 +133,8 @@ def plot_matrix_grid(
         for j in range(ncols):
             ax = axes[i][j]
             if j < len(rounds):
-                im = heatmap(ax, snaps[name][rounds[j]], clusters, f"{name} round {rounds[j]}")
+                own = clusters[name] if isinstance(clusters, dict) else clusters
+                im = heatmap(ax, snaps[name][rounds[j]], own, f"{name} round {rounds[j]}")
             else:
                 ax.axis("off")
     if im is not None:

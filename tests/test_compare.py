@@ -315,3 +315,22 @@ def test_side_by_side_processes_give_the_sequential_comparison(tmp_path, quad_cf
     assert not (tmp_path / "t" / "comparison.json").exists()
     cut_off = json.loads((tmp_path / "t" / "cobo" / "summary.json").read_text())
     assert cut_off["status"] == "interrupted" and cut_off["last_round"] > 0
+
+
+def test_variants_with_different_numbers_of_clients_plot_each_with_its_clusters(tmp_path, quad_cfg):
+    """Found by the fidelity suite (CoBo Figure 2a over the number of clusters): the W
+    grid drew every variant with the first one's clusters and failed on 4 vs 8 clients."""
+    from raycobo.compare import run_compare
+
+    cfg = quad_cfg(
+        "rounds=4",
+        "eval_every=2",
+        "compare.variants={k2: {data.partition.num_clusters: 2},"
+        " k4: {data.partition.num_clusters: 4}}",
+    )
+    root, rows, _ = run_compare(cfg, ["k2", "k4"], tmp_path / "c")
+    sizes = [
+        len(json.loads((root / e / "summary.json").read_text())["clients"]) for e in ("k2", "k4")
+    ]
+    assert sizes == [4, 8]
+    assert (root / "plots" / "collaboration.png").stat().st_size > 0
