@@ -49,6 +49,11 @@ class RunFailed(RuntimeError):
         self.reason = reason
         self.last_round = last_round
 
+    def __reduce__(self):
+        # raised inside Ray workers (sweep trials, parallel compare) and re-raised in the
+        # driver: rebuilt from its own arguments, not from the formatted message
+        return (type(self), (self.run_dir, self.reason, self.last_round))
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler, ``ray stop``, a pre-empted node): handled like Ctrl-C."""

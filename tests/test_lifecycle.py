@@ -266,3 +266,21 @@ def test_a_resume_that_fails_while_starting_keeps_what_the_directory_holds(
     monkeypatch.undo()
     res = run_experiment(resume_config(tmp_path / "a"), tmp_path / "a", resume=True)
     assert res.summary["status"] == "completed" and res.summary["resumed_from_round"] == 4
+
+
+def test_errors_that_cross_ray_processes_survive_pickling():
+    """Seen in a sweep: a diverging trial's RunFailed, re-raised in the driver, failed to
+    unpickle ('missing 1 required positional argument'), hiding the divergence."""
+    import pickle
+
+    from raycobo.engine.ray.errors import HostsLost
+
+    err = pickle.loads(pickle.dumps(RunFailed(Path("r/x"), "FloatingPointError at round 3", 3)))
+    assert (err.run_dir, err.reason, err.last_round) == (
+        Path("r/x"),
+        "FloatingPointError at round 3",
+        3,
+    )
+    assert "FloatingPointError at round 3" in str(err)
+    lost = pickle.loads(pickle.dumps(HostsLost([2, 3])))
+    assert lost.clients == [2, 3] and "clients [2, 3]" in str(lost)

@@ -20,3 +20,6 @@ class HostsLost(RuntimeError):
     def __init__(self, clients: list[int]):
         super().__init__(f"client hosts died; clients {clients} leave the run")
         self.clients = clients
+
+    def __reduce__(self):  # crosses process boundaries through Ray: rebuilt from clients
+        return (type(self), (self.clients,))
