@@ -195,6 +195,8 @@ def claim_section(claim: dict, out: Path) -> list[str]:
     ]
     if claim.get("overrides"):
         head[-1] += " with " + " ".join(f"`{o}`" for o in claim["overrides"])
+    if claim.get("note"):
+        head += ["", claim["note"].strip()]
     if not rows:
         return [*head, "", "Not run yet.", ""]
     seeds = max(len(r.get("seeds", [])) for r in rows.values())
