@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
-from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig, TopKShare
+from raycobo.algorithms.settings import TopKShare
 
 
-class LocalSteps(MethodConfig, LocalTraining, ClientSampling):
-    """What ``local_updates`` reads: a method config with these mixins (type only)."""
+class LocalSteps(Protocol):
+    """What ``local_updates`` reads from a method's settings."""
+
+    lr: float
+    local_steps: int
+    client_rate: float
 
 
 def top_indices(v: torch.Tensor, k: int) -> torch.Tensor:
