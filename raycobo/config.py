@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from raycobo.algorithms import METHODS, AlgorithmConfig, check_method_keys
+from raycobo.algorithms import METHODS, AlgorithmConfig, check_method_keys, methods_with
 from raycobo.algorithms.cobo import CoBoConfig
 from raycobo.settings import ConfigError, choose  # noqa: F401 - re-exported
 from raycobo.settings import Section as _Section
@@ -355,8 +355,7 @@ def load_stored_config(path: str | Path) -> Config:
     section = tree.get("algorithm")
     if isinstance(section, dict) and section.get("name", "cobo") in METHODS:
         own = METHODS[section.get("name", "cobo")].settings.model_fields
-        known = {k for m in METHODS.values() for k in m.settings.model_fields}
-        for key in [k for k in section if k not in own and k in known]:
+        for key in [k for k in section if k not in own and methods_with(k)]:
             del section[key]
     return validate(tree)
 
