@@ -1,0 +1,97 @@
+"""raycobo: an experiment platform for collaborative (personalized federated) learning,
+built around CoBo (Pan et al., NeurIPS 2024).
+
+The Python API (``raycobo.api``)::
+
+    import raycobo
+
+    res = raycobo.run("examples/quickstart.yaml", rounds=200)      # -> raycobo.Result
+    res.frame("history")                                           # pandas
+    cmp = raycobo.compare("examples/quickstart.yaml", ["local", "cobo"], seeds=[0, 1])
+    raycobo.resume(res.run_dir, rounds=400)
+    raycobo.load_run(res.run_dir)
+
+and the classes a plugin builds on: ``MethodConfig`` (a method's settings), the
+``Algorithm`` protocol and ``ClientOps`` it runs on, ``Evaluation``, and ``RawDataset`` /
+``FederatedData`` for data sets. Names load on first use, so ``import raycobo`` is
+cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "run": "raycobo.api",
+    "resume": "raycobo.api",
+    "compare": "raycobo.api",
+    "resume_compare": "raycobo.api",
+    "resume_sweep": "raycobo.api",
+    "sweep": "raycobo.api",
+    "load_run": "raycobo.api",
+    "load": "raycobo.api",
+    "Comparison": "raycobo.api",
+    "Result": "raycobo.lifecycle.result",
+    "Config": "raycobo.config",
+    "ConfigError": "raycobo.settings",
+    "MethodConfig": "raycobo.algorithms.settings",
+    "Algorithm": "raycobo.algorithms.base",
+    "ClientOps": "raycobo.algorithms.base",
+    "Evaluation": "raycobo.algorithms.base",
+    "RawDataset": "raycobo.data.base",
+    "FederatedData": "raycobo.data.base",
+}
+
+__all__ = [
+    "Algorithm",
+    "ClientOps",
+    "Comparison",
+    "Config",
+    "ConfigError",
+    "Evaluation",
+    "FederatedData",
+    "MethodConfig",
+    "RawDataset",
+    "Result",
+    "compare",
+    "load",
+    "load_run",
+    "resume",
+    "resume_compare",
+    "resume_sweep",
+    "run",
+    "sweep",
+]
+__version__ = "0.2.0"
+
+if TYPE_CHECKING:  # what type checkers and IDEs see
+    from raycobo.algorithms.base import Algorithm, ClientOps, Evaluation
+    from raycobo.algorithms.settings import MethodConfig
+    from raycobo.api import (
+        Comparison,
+        compare,
+        load,
+        load_run,
+        resume,
+        resume_compare,
+        resume_sweep,
+        run,
+        sweep,
+    )
+    from raycobo.config import Config
+    from raycobo.data.base import FederatedData, RawDataset
+    from raycobo.lifecycle.result import Result
+    from raycobo.settings import ConfigError
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'raycobo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from raycobo.config import ConfigError, load_config, load_stored_config, with_overrides
+from raycobo.config import ConfigError, load_config, with_overrides
 
 app = typer.Typer(
     add_completion=False,
@@ -39,7 +39,7 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 def _guarded(debug: bool, fn, *args, **kwargs):
-    from raycobo.experiment import RunFailed
+    from raycobo.lifecycle.experiment import RunFailed
 
     try:
         return fn(*args, **kwargs)
@@ -54,7 +54,7 @@ def _guarded(debug: bool, fn, *args, **kwargs):
             raise
         _fail(str(err).splitlines()[0], code=1)
     except KeyboardInterrupt as err:
-        from raycobo.experiment import Terminated
+        from raycobo.lifecycle.experiment import Terminated
 
         what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
         _fail(f"{what}; partial results and checkpoints were kept in the run directory", 130)
@@ -88,19 +88,6 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag} must be comma-separated integers, got '{text}'") from None
 
 
-def _callbacks(cfg, no_tracking: bool):
-    if no_tracking or not cfg.tracking.enabled:
-        return []
-    from raycobo.tracking import MLflowTracker
-
-    return [MLflowTracker(cfg.tracking)]
-
-
-def _num(v, spec: str = ".4g") -> str:
-    """A number for tables; '-' where a diverged run has none."""
-    return "-" if v is None else format(v, spec)
-
-
 def _help_config(name: str | None) -> None:
     """``run --help-config NAME``: the method's settings, defaults and meaning."""
     if name is None:
@@ -108,12 +95,13 @@ def _help_config(name: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from raycobo.algorithms import METHODS
+    from raycobo.algorithms import method
 
-    if name not in METHODS:
-        _fail(f"--help-config: unknown algorithm '{name}' (choose from {', '.join(METHODS)})")
-    settings = METHODS[name].settings
-    doc = (settings.__doc__ or "").strip().splitlines()[0]
+    try:
+        settings = method(name).settings
+    except ConfigError as err:
+        _fail(f"--help-config: {str(err).partition(': ')[2]}")
+    doc = (settings.__doc__ or name).strip().splitlines()[0]
     t = Table(title=f"{name}: {doc}", title_justify="left")
     for col in ("key", "default", "meaning"):
         t.add_column(col)
@@ -124,12 +112,6 @@ def _help_config(name: str | None) -> None:
         t.add_row(f"algorithm.{key}", repr(default), field.description or "")
     Console(width=120).print(t)
     raise typer.Exit(0)
-
-
-def _progress(label: str, quiet: bool):
-    from raycobo.progress import RoundProgress
-
-    return RoundProgress(label, enabled=False if quiet else None)
 
 
 @app.command()
@@ -165,9 +147,11 @@ def run(
     """Run one experiment and write its run directory, or continue one (--resume)."""
 
     def go():
-        from raycobo.experiment import resume_config, run_experiment
+        from raycobo import api
+        from raycobo.lifecycle.experiment import resume_config
 
         over = list(overrides or [])
+        track, progress = (False if no_tracking else None), not quiet
         if resume is not None:
             if config is not None and "=" not in config:
                 raise ConfigError("--resume takes its config from the run directory; drop CONFIG")
@@ -175,45 +159,39 @@ def run(
                 over.insert(0, config)
             if out is not None and out.resolve() != resume.resolve():
                 raise ConfigError("--resume continues in its own directory; drop --out")
-            cfg = resume_config(resume, over)
+            rounds = resume_config(resume, over).rounds if over else None  # only rounds=N
+            res = api.resume(resume, rounds, track=track, progress=progress)
         else:
             if config is None:
                 raise ConfigError("missing CONFIG (an experiment YAML), or --resume RUN_DIR")
             cfg = load_config(Path(config), over)
-        res = run_experiment(
-            cfg,
-            resume if resume is not None else out,
-            _callbacks(cfg, no_tracking),
-            _progress(f"{cfg.algorithm.name}", quiet),
-            resume=resume is not None,
-        )
-        s = res.summary
-        acc = s["mean_accuracy"]
-        acc_s = f"mean accuracy {100 * acc:.2f}%  " if acc is not None else ""
-        loss, wall = _num(s["mean_loss"]), s["wall_seconds"]
-        ppl = s.get("mean_perplexity")
-        ppl_s = f"  perplexity {ppl:.2f}" if ppl is not None else ""
-        typer.echo(f"{s['algorithm']}: {acc_s}mean loss {loss}{ppl_s}  ({wall:.1f} s)")
-        if s.get("resumed_from_round") is not None:
-            typer.echo(f"resumed from round {s['resumed_from_round']}")
-        typer.echo(f"run directory: {res.run_dir}")
+            res = api.run(cfg, out, track=track, progress=progress)
+        _say_run(res)
 
     _guarded(debug, go)
+
+
+def _say_run(res) -> None:
+    from raycobo.comparison.table import fmt
+
+    s = res.summary
+    acc = s["mean_accuracy"]
+    acc_s = f"mean accuracy {100 * acc:.2f}%  " if acc is not None else ""
+    loss, wall = fmt(s["mean_loss"], ".4g"), s["wall_seconds"]
+    ppl = s.get("mean_perplexity")
+    ppl_s = f"  perplexity {ppl:.2f}" if ppl is not None else ""
+    typer.echo(f"{s['algorithm']}: {acc_s}mean loss {loss}{ppl_s}  ({wall:.1f} s)")
+    if s.get("resumed_from_round") is not None:
+        typer.echo(f"resumed from round {s['resumed_from_round']}")
+    typer.echo(f"run directory: {res.run_dir}")
 
 
 def _print_table(rows) -> None:
     from rich.console import Console
 
-    from raycobo.compare import results_table
+    from raycobo.comparison import terminal_table
 
-    Console().print(results_table(rows))
-
-
-def _compare(cfg, algorithms, out, quiet, no_tracking, seeds=None, parallel=False, resume=False):
-    from raycobo.compare import tracked_compare
-
-    progress = lambda a: _progress(a, quiet)  # noqa: E731
-    return tracked_compare(cfg, algorithms, out, progress, not no_tracking, seeds, parallel, resume)
+    Console().print(terminal_table(rows))
 
 
 def _report_failures(rows) -> None:
@@ -254,29 +232,41 @@ def compare(
     """Run several algorithms on the same data and seeds; table, plots and an HTML report."""
 
     def go():
+        from raycobo import api
+
+        track, progress = (False if no_tracking else None), not quiet
         if resume is not None:
-            if config is not None or overrides:
-                raise ConfigError("--resume takes the comparison's config.yaml; drop CONFIG")
-            if not (resume / "config.yaml").is_file():
-                raise ConfigError(f"nothing to resume in {resume}: no config.yaml there")
-            cfg = load_stored_config(resume / "config.yaml")
+            given = [str(config)] if config is not None else []
+            given += list(overrides or [])
+            if given and "=" in given[0]:
+                raise ConfigError(
+                    f"compare --resume takes no overrides (got {' '.join(given)}): a resumed "
+                    "comparison keeps the config stored in its directory"
+                )
+            if given:
+                raise ConfigError(
+                    "compare --resume takes its config from the comparison's directory; "
+                    f"drop CONFIG ({given[0]})"
+                )
+            res = api.resume_compare(resume, track=track, progress=progress)
         elif config is None:
             raise ConfigError("missing CONFIG (an experiment YAML), or --resume COMPARE_DIR")
         else:
             cfg = load_config(config, overrides or [])
-        seed_list = _int_list(seeds, "--seeds") if seeds else None
-        algos = (
-            [a.strip() for a in algorithms.split(",") if a.strip()]
-            if algorithms
-            else list(cfg.compare.algorithms)
-        )
-        target = resume if resume is not None else out
-        root, rows, _ = _compare(
-            cfg, algos, target, quiet, no_tracking, seed_list, parallel, resume is not None
-        )
-        _print_table(rows)
-        typer.echo(f"comparison: {root}/comparison.md  report: {root}/report.html")
-        _report_failures(rows)
+            algos = [a.strip() for a in algorithms.split(",") if a.strip()] if algorithms else None
+            seed_list = _int_list(seeds, "--seeds") if seeds else None
+            res = api.compare(
+                cfg,
+                algos,
+                seeds=seed_list,
+                out=out,
+                parallel=parallel,
+                track=track,
+                progress=progress,
+            )
+        _print_table(res.rows)
+        typer.echo(f"comparison: {res.root}/comparison.md  report: {res.root}/report.html")
+        _report_failures(res.rows)
 
     _guarded(debug, go)
 
@@ -294,6 +284,7 @@ def demo(
     """The quickstart: compare the config's algorithms, then say where everything is."""
 
     def go():
+        from raycobo import api
         from raycobo.data import fashion_mnist_available
         from raycobo.tracking.mlflow_tracker import resolve_uri, ui_command
 
@@ -307,7 +298,8 @@ def demo(
             cfg = with_overrides(
                 cfg, {"data.name": "digits", "data.fraction": 0.5, "model.hidden": [32]}
             )
-        root, rows, results = _compare(cfg, list(cfg.compare.algorithms), out, quiet, False)
+        res = api.compare(cfg, out=out, progress=not quiet)
+        root, rows = res.root, res.rows
         _print_table(rows)
         typer.echo(f"run directories: {root}/<algorithm>/   (summary.json, metrics.csv, plots/)")
         typer.echo(f"comparison:      {root}/comparison.md   report: {root}/report.html")
@@ -323,40 +315,70 @@ def demo(
 
 @app.command()
 def sweep(
-    space: Annotated[Path, typer.Argument(help="sweep YAML (tune_spaces/*.yaml)")],
+    space: Annotated[
+        Path | None,
+        typer.Argument(
+            help="sweep YAML (tune_spaces/*.yaml); not with --resume", show_default=False
+        ),
+    ] = None,
     overrides: Overrides = None,
     num_samples: Annotated[int | None, typer.Option("--num-samples", help="trials")] = None,
     smoke_test: Annotated[bool, typer.Option("--smoke-test", help="few short trials")] = False,
     resume: Annotated[
-        Path | None, typer.Option("--resume", help="sweep directory to resume")
+        Path | None,
+        typer.Option("--resume", help="continue the sweep in this directory (nothing else)"),
     ] = None,
+    trust_files: Annotated[
+        bool,
+        typer.Option(
+            "--trust-files",
+            help="with --resume: accept Tune's files though this sweep did not record them",
+        ),
+    ] = False,
     out: Out = None,
     debug: Debug = False,
 ) -> None:
     """Ray Tune sweep; every trial is an MLflow run under one parent; writes best_config.yaml."""
 
     def go():
-        from raycobo.tune.space import load_sweep
-        from raycobo.tune.sweep import run_sweep
+        from raycobo import api
 
-        spec, base = load_sweep(space, overrides or [])
-        summary = run_sweep(spec, base, out, num_samples, smoke_test, resume, echo=typer.echo)
-        n, failed = summary["num_trials"], summary["failed"]
-        typer.echo(f"{n} trials, {failed} failed; results in {summary['root']}")
-        if summary["interrupted"]:
-            _fail(
-                f"sweep interrupted; continue it with: raycobo sweep {space} "
-                f"--resume {summary['root']}",
-                code=130,
-            )
-        best = summary["best"]
-        if best is None:
-            _fail("no trial finished with the metric; see sweep_summary.json", code=1)
-        metric = summary["metric"]
-        typer.echo(f"best {metric}: {best['metrics'][metric]:.4g} with {best['config']}")
-        typer.echo(f"best config: {summary['best_config']}  (raycobo run {summary['best_config']})")
+        if resume is not None:
+            given = [str(space)] if space is not None else []
+            given += list(overrides or [])
+            if given or out is not None or num_samples is not None or smoke_test:
+                raise ConfigError(
+                    "sweep --resume takes everything from the sweep's directory; drop "
+                    f"{' '.join(given) or 'the other options'}"
+                )
+            summary = api.resume_sweep(resume, trust_files=trust_files)
+        elif space is None:
+            raise ConfigError("missing SPACE (a sweep YAML), or --resume SWEEP_DIR")
+        else:
+            from raycobo.tune.space import load_sweep
+            from raycobo.tune.sweep import run_sweep
+
+            spec, base = load_sweep(space, overrides or [])
+            summary = run_sweep(spec, base, out, num_samples, smoke_test)
+        _say_sweep(summary)
 
     _guarded(debug, go)
+
+
+def _say_sweep(summary: dict) -> None:
+    n, failed, stopped = summary["num_trials"], summary["failed"], summary["interrupted"]
+    typer.echo(f"{n} trials, {failed} failed, {stopped} unfinished; results in {summary['root']}")
+    if stopped:
+        _fail(
+            f"sweep interrupted; continue it with: raycobo sweep --resume {summary['root']}",
+            code=130,
+        )
+    best = summary["best"]
+    if best is None:
+        _fail("no trial finished with the metric; see sweep_summary.json", code=1)
+    metric = summary["metric"]
+    typer.echo(f"best {metric}: {best['metrics'][metric]:.4g} with {best['config']}")
+    typer.echo(f"best config: {summary['best_config']}  (raycobo run {summary['best_config']})")
 
 
 bench_app = typer.Typer(help="Throughput and scaling measurements (figures, not tests).")
@@ -410,6 +432,47 @@ def bench_engine_cmd(
         typer.echo(as_markdown(rows))
         if out is not None:
             typer.echo(f"wrote {out}/bench_engine.csv")
+
+    _guarded(debug, go)
+
+
+@bench_app.command("paper")
+def bench_paper_cmd(
+    setting: Annotated[
+        str, typer.Option(help="comma-separated: cross_silo, cross_device")
+    ] = "cross_silo,cross_device",
+    device: Annotated[str, typer.Option(help="cuda or cpu")] = "cuda",
+    precision: Annotated[str, typer.Option(help="comma-separated: fp32, tf32, bf16")] = "fp32",
+    layout: Annotated[str, typer.Option(help="comma-separated: nchw, nhwc")] = "nchw",
+    rounds: Annotated[int, typer.Option(help="timed rounds per measurement")] = 3,
+    batch_size: Annotated[int, typer.Option()] = 128,
+    clients: Annotated[
+        int | None, typer.Option(help="scale the settings down to this many clients (smoke)")
+    ] = None,
+    threads: Threads = None,
+    out: Out = None,
+    debug: Debug = False,
+) -> None:
+    """The CoBo paper's ResNet-9 experiments at full size: s/round, images/s against one
+    plain ResNet-9 at the same batch, precision and layout, and the projected wall time."""
+
+    def go():
+        from raycobo.bench.paper import bench_paper
+
+        _set_threads(threads)
+        rows = bench_paper(
+            _choices(setting, "--setting", ("cross_silo", "cross_device")),
+            device,
+            _choices(precision, "--precision", ("fp32", "tf32", "bf16")),
+            [x == "nhwc" for x in _choices(layout, "--layout", ("nchw", "nhwc"))],
+            rounds,
+            batch_size,
+            clients,
+            out,
+            echo=typer.echo,
+        )
+        if out is not None:
+            typer.echo(f"wrote {out}/bench_paper.csv ({len(rows)} rows)")
 
     _guarded(debug, go)
 
@@ -498,10 +561,15 @@ def bench_ray_cmd(
     device: Annotated[str, typer.Option(help="the local engine's device (cpu, cuda)")] = "cpu",
     data_root: Annotated[str | None, typer.Option(help="Fashion-MNIST folder (idx files)")] = None,
     fraction: Annotated[float, typer.Option(help="data.fraction of Fashion-MNIST")] = 0.05,
+    model: Annotated[str, typer.Option(help="mlp or cnn")] = "mlp",
+    host_threads: Annotated[
+        int | None, typer.Option(help="torch threads per host (default: shared out)")
+    ] = None,
     out: Out = None,
     debug: Debug = False,
 ) -> None:
-    """CoBo on the Ray engine vs the local engine: ms per round, coordination share."""
+    """CoBo on the Ray engine vs the local engine: ms per round, coordination share,
+    start-up time."""
 
     def go():
         from raycobo.bench import bench_ray
@@ -523,6 +591,8 @@ def bench_ray_cmd(
             device=device,
             data_root=data_root,
             fraction=fraction,
+            model=_choices(model, "--model", ("mlp", "cnn"))[0],
+            threads=host_threads,
         )
 
     _guarded(debug, go)

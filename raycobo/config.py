@@ -11,18 +11,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
-from raycobo.algorithms import METHODS, AlgorithmConfig, check_method_keys, methods_with
+from raycobo.algorithms import METHODS, check_method_keys, method, methods_with
 from raycobo.algorithms.cobo import CoBoConfig
+from raycobo.algorithms.settings import MethodConfig
+from raycobo.registry import add_search_paths
 from raycobo.settings import ConfigError, choose  # noqa: F401 - re-exported
 from raycobo.settings import Section as _Section
 
 DEFAULT_FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
-
-
-# methods that learn from each client's validation loss (80/20 split, L2C Section 4)
-VALIDATION_ALGORITHMS = {"l2c", "meta_l2c", "validation_based"}
 
 
 class PartitionConfig(_Section):
@@ -57,8 +55,13 @@ class PartitionConfig(_Section):
 
 
 class DataConfig(_Section):
+    # a built-in data set, or a plugin: package.module:load or an entry point
     name: str = "quadratic"
     root: str | None = None
+    path: str | None = Field(default=None, description="arrays: a .npz/.pt file or a folder")
+    image_size: int | None = Field(default=None, ge=1, description="image_folder: resize to")
+    # settings of a plugin data set, handed to its loader as they are
+    options: dict[str, Any] = Field(default_factory=dict)
     download: bool = False
     # fraction of the training set each cluster shares (label_permutation)
     fraction: float = Field(default=0.5, gt=0, le=1)
@@ -96,7 +99,10 @@ class DataConfig(_Section):
 
 
 class ModelConfig(_Section):
+    # a built-in model, or a plugin: package.module:Net (an nn.Module) or an entry point
     name: str = "mlp"
+    # keyword arguments of a plugin model's constructor
+    options: dict[str, Any] = Field(default_factory=dict)
     hidden: list[int] = Field(default_factory=lambda: [64])
     norm: Literal["group", "batch", "none"] = "group"  # resnet9
     # causal LMs (multilingual_text): smollm2 (offline GGUF), tiny_gpt2 (random, tests),
@@ -118,11 +124,18 @@ class EngineConfig(_Section):
     strategy: Literal["auto", "vmap", "chunked", "loop"] = "auto"
     # memory the batched calls may take (GiB); null: half of what is available
     memory_gb: float | None = Field(default=None, gt=0)
+    # arithmetic of the clients' passes: fp32 (exact, the default), tf32 (CUDA matmuls and
+    # convolutions in TF32), bf16 (autocast; fp32 master weights, gradients and losses)
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    # conv nets on the per-client loop (engine.strategy loop): NHWC tensors for cuDNN
+    channels_last: bool = False
     gpus_per_client: float = Field(default=0.0, ge=0)
     # auto: sized to the Ray instance (about one host per CPU, its CPUs shared out)
     clients_per_actor: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     cpus_per_actor: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
     address: str | None = None
+    # how long joining engine.address may take (the address must answer within it)
+    connect_timeout_s: float = Field(default=30.0, gt=0)
     threads: int | None = Field(default=None, ge=1)
     # ray: local instance (when no address), fault tolerance, straggler injection
     num_cpus: int | None = Field(default=None, ge=1)
@@ -194,13 +207,27 @@ class Config(_Section):
     eval_every: int = Field(default=10, ge=1)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=CoBoConfig)
+    # one method's settings class, chosen by algorithm.name (built-in or plugin)
+    algorithm: SerializeAsAny[MethodConfig] = Field(default_factory=CoBoConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     compare: CompareConfig = Field(default_factory=CompareConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     # elastic clients: a client whose first event is a join starts outside the system
     schedule: list[ScheduleEvent] = Field(default_factory=list)
+
+    # folders searched for plugin modules (besides the Python path and the current
+    # directory); relative paths are resolved against the YAML file that names them
+    plugin_paths: list[str] = Field(default_factory=list)
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _method_settings(cls, value: Any) -> Any:
+        """A mapping becomes its method's settings class (``validate`` checks the keys
+        first, with one-line errors)."""
+        if isinstance(value, dict):
+            return method(value.get("name", "cobo")).settings.model_validate(value)
+        return value
 
     @model_validator(mode="after")
     def _names(self) -> Config:
@@ -231,7 +258,7 @@ class Config(_Section):
         """The held-out share of each client's training data (see DataConfig)."""
         if self.data.validation_fraction is not None:
             return self.data.validation_fraction
-        return 0.2 if self.algorithm.name in VALIDATION_ALGORITHMS else 0.0
+        return 0.2 if self.algorithm.uses_validation else 0.0
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -241,11 +268,9 @@ class Config(_Section):
 # loading and overrides
 
 
-def _format_error(err: ValidationError) -> str:
+def _format_error(err: ValidationError, prefix: list[str] | None = None) -> str:
     first = err.errors()[0]
-    path = list(first["loc"])
-    if len(path) > 1 and path[0] == "algorithm" and path[1] in METHODS:
-        del path[1]  # the method's tag in the algorithm union
+    path = [*(prefix or []), *first["loc"]]
     # union members add tags such as 'constrained-int' or "literal['auto']" to the path
     loc = ".".join(str(p) for p in path if not any(c in str(p) for c in "-['("))
     msg = first["msg"]
@@ -291,7 +316,10 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(tree: dict[str, Any], overrides: list[str] | dict[str, Any]) -> dict[str, Any]:
+    """Dotted overrides, as ``key=value`` strings or a mapping of dotted keys, into a tree."""
+    if isinstance(overrides, dict):
+        return _set_all(tree, list(overrides.items()))
     pairs = []
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -310,8 +338,8 @@ def _set_all(tree: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, An
     new = next((v for k, v in reversed(pairs) if k == "algorithm.name"), None)
     section = tree.get("algorithm")
     switch = isinstance(section, dict) and section.get("name", "cobo") != new
-    if isinstance(new, str) and new in METHODS and switch:
-        keep = METHODS[new].settings.model_fields
+    if isinstance(new, str) and switch:
+        keep = method(new).settings.model_fields
         for key in [k for k in section if k not in keep and f"algorithm.{k}" not in given]:
             del section[key]
     for key, value in pairs:
@@ -320,10 +348,17 @@ def _set_all(tree: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, An
 
 
 def validate(tree: dict[str, Any]) -> Config:
+    paths = tree.get("plugin_paths") or []
+    if isinstance(paths, list):
+        add_search_paths([str(p) for p in paths])
     section = tree.get("algorithm")
     if isinstance(section, dict):
         section.setdefault("name", "cobo")  # the default method chooses the settings
-        check_method_keys(section)
+        settings = check_method_keys(section)
+        try:
+            tree = {**tree, "algorithm": settings.model_validate(section)}
+        except ValidationError as err:
+            raise ConfigError(_format_error(err, ["algorithm"])) from None
     try:
         return Config.model_validate(tree)
     except ValidationError as err:
@@ -354,24 +389,29 @@ def load_stored_config(path: str | Path) -> Config:
     tree = read_yaml(path)
     section = tree.get("algorithm")
     if isinstance(section, dict) and section.get("name", "cobo") in METHODS:
-        own = METHODS[section.get("name", "cobo")].settings.model_fields
+        own = method(section.get("name", "cobo")).settings.model_fields
         for key in [k for k in section if k not in own and methods_with(k)]:
             del section[key]
     return validate(tree)
 
 
+def read_config_tree(path: str | Path) -> dict[str, Any]:
+    """An experiment YAML as a tree, its ``plugin_paths`` made absolute from its folder."""
+    tree = read_yaml(path)
+    paths = tree.get("plugin_paths")
+    if isinstance(paths, list):
+        base = Path(path).resolve().parent
+        tree["plugin_paths"] = [str((base / str(p)).resolve()) for p in paths]
+    return tree
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load YAML (or defaults when ``path`` is None), apply dotted overrides, validate."""
-    tree = read_yaml(path) if path is not None else {}
+    tree = read_config_tree(path) if path is not None else {}
     apply_overrides(tree, list(overrides or []))
     return validate(tree)
 
 
 def with_overrides(cfg: Config, overrides: dict[str, Any] | list[str]) -> Config:
     """A copy of ``cfg`` with dotted overrides applied (dict of key->value or key=value list)."""
-    tree = cfg.to_dict()
-    if isinstance(overrides, dict):
-        _set_all(tree, list(overrides.items()))
-    else:
-        apply_overrides(tree, overrides)
-    return validate(tree)
+    return validate(apply_overrides(cfg.to_dict(), overrides))

@@ -14,9 +14,10 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    """A config section: unknown keys are errors, assignments are validated."""
+    """A config section: unknown keys are errors, assignments are validated, and numbers
+    must be finite (``inf`` and ``nan`` are bad input everywhere)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def choose(

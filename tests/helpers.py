@@ -98,33 +98,36 @@ def on_engines(cfg, rounds: int, kinds=("local", "loop")):
 
 def run_local(cfg, rounds: int):
     """(X, W, evaluation loss) after ``rounds`` rounds on the config's local engine."""
-    from raycobo.algorithms import evaluate
+    from raycobo.engine import LocalSession
 
     _, ops, algo = build(cfg)
-    state = run_rounds(algo, ops, rounds)
-    return algo.eval_params(state), algo.collaboration(state), evaluate(algo, state, ops).loss
+    session = LocalSession(algo, ops)
+    session.start()
+    for t in range(rounds):
+        session.round(t)
+    return session.models(), session.collaboration(), session.evaluate().loss
 
 
 def run_ray(cfg, rounds: int, between=None, hosts_load: bool = False):
     """The same on the Ray engine (Ray already started): ((X, W, loss), engine report).
-    ``between(run, t)`` is called before each round (to kill hosts, join clients). The
-    hosts get their data from the driver through the object store, as in a run, or with
-    ``hosts_load`` load it themselves from the config."""
+    ``between(session, t)`` is called before each round (to kill hosts, join clients).
+    The hosts get their data from the driver through the object store, as in a run, or
+    with ``hosts_load`` load it themselves from the config."""
     from raycobo.data import load_data
-    from raycobo.engine.ray import RayRun
+    from raycobo.engine.ray import RaySession
 
     data = load_data(cfg)
-    run = RayRun(cfg, data.n_clients, None if hosts_load else data)
+    session = RaySession(cfg, data.n_clients, None if hosts_load else data)
     try:
-        state = run.init(run)
+        session.start()
         for t in range(rounds):
             if between is not None:
-                between(run, t)
-            state, _ = run.round(state, t, run)
-        out = (run.eval_params(state), run.collaboration(state), run.evaluate(state, run).loss)
-        return out, run.summary_extras()
+                between(session, t)
+            session.round(t)
+        out = (session.models(), session.collaboration(), session.evaluate().loss)
+        return out, session.report()["engine_report"]
     finally:
-        run.close()
+        session.close()
 
 
 def ray_matches_local(

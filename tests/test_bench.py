@@ -107,3 +107,29 @@ def test_bench_profile_prints_the_round_and_its_operators():
     assert loop.exit_code == 0 and "fedavg, loop (loop)" in loop.output.splitlines()[0]
     bad = CliRunner().invoke(app, [*args, "--engine", "gpu"])
     assert bad.exit_code == 2 and "--engine" in bad.stderr
+
+
+def test_bench_paper_measures_cobo_against_one_plain_model(tmp_path):
+    """The paper's settings scaled down to a CPU smoke run: every (setting, precision,
+    layout) row has CoBo's rate, the single model's, their ratio and a projection."""
+    args = ["bench", "paper", "--device", "cpu", "--clients", "2", "--batch-size", "2"]
+    args += ["--rounds", "1", "--precision", "fp32,bf16", "--layout", "nchw,nhwc"]
+    args += ["--setting", "cross_silo", "--out", str(tmp_path)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((tmp_path / "bench_paper.csv").open()))
+    assert [(r["precision"], r["channels_last"]) for r in rows] == [
+        ("fp32", "False"),
+        ("fp32", "True"),
+        ("bf16", "False"),
+        ("bf16", "True"),
+    ]
+    for r in rows:
+        assert float(r["images_per_s"]) > 0 and float(r["single_images_per_s"]) > 0
+        ratio = float(r["images_per_s"]) / float(r["single_images_per_s"])
+        assert abs(float(r["ratio"]) - ratio) < 1e-9
+        hours = 40_000 * float(r["s_per_round"]) / 3600
+        assert abs(float(r["projected_hours"]) - hours) < 1e-9
+        assert r["strategy"] == "loop"  # conv nets on a CPU
+    bad = CliRunner().invoke(app, ["bench", "paper", "--precision", "fp8"])
+    assert bad.exit_code == 2 and "--precision" in bad.stderr

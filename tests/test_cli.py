@@ -206,7 +206,7 @@ def test_entry_point_help_and_error_exit_code(tmp_path):
 
 
 def test_an_interrupt_exits_130_and_says_where(tmp_path, cfg_file, monkeypatch):
-    import raycobo.experiment as ex
+    import raycobo.api as ex
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from raycobo.algorithms import ALGORITHMS, METHODS, evaluate
 from raycobo.cli import app
-from raycobo.compare import entry_config
+from raycobo.comparison import entry_config
 from raycobo.config import ConfigError, load_config, load_stored_config, with_overrides
 from tests.helpers import CHARACTERISTIC, build, run_rounds
 
@@ -142,7 +142,7 @@ def test_help_config_lists_a_methods_keys_and_defaults():
     assert "algorithm.rho" in cobo.output and "'auto'" in cobo.output
     assert "algorithm.lam" not in cobo.output
     bad = CliRunner().invoke(app, ["run", "--help-config", "sgd"])
-    assert bad.exit_code == 2 and "unknown algorithm 'sgd'" in bad.stderr
+    assert bad.exit_code == 2 and "unknown method 'sgd'" in bad.stderr
 
 
 def test_run_directories_of_the_flat_section_still_load(tmp_path):

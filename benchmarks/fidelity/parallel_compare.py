@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from raycobo.compare import entry_config
+from raycobo.comparison import entry_config
 from raycobo.config import load_config, with_overrides
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from raycobo.compare import run_compare
+from raycobo.comparison import run_compare
 from raycobo.config import load_config, load_stored_config
 
 HERE = Path(__file__).resolve().parent

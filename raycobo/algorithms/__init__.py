@@ -2,16 +2,17 @@
 
 This package imports neither ray nor mlflow: engines (``raycobo.engine``) and tracking
 (``raycobo.tracking``) live above it. Each method lives in its own module with its
-settings class (``CoBoConfig`` in ``cobo.py``, ...); ``METHODS`` maps a name to both, and
-``AlgorithmConfig`` is the union of the settings classes, told apart by ``name``.
+settings class (``CoBoConfig`` in ``cobo.py``, ...); ``METHODS`` maps a built-in name to
+both. A method outside the package (a plugin) is a class named by import path or entry
+point (``raycobo.registry``) with the same constructor ``(settings, rounds, seed)``, the
+Algorithm protocol's methods and a ``Settings`` attribute, its settings class: the
+built-ins and the plugins are found by the same :func:`method`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, NamedTuple, Union
-
-from pydantic import Field, TypeAdapter
+from typing import Any, NamedTuple
 
 from raycobo.algorithms.base import Algorithm, ClientOps, Evaluation, evaluate
 from raycobo.algorithms.cobo import CoBo, CoBoConfig
@@ -31,7 +32,8 @@ from raycobo.algorithms.oracle import Oracle, OracleConfig
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.algorithms.topk_ef import TopKConfig, TopKEF
 from raycobo.algorithms.validation import ValidationBased, ValidationConfig
-from raycobo.settings import ConfigError, choose
+from raycobo.registry import Registry
+from raycobo.settings import ConfigError
 
 
 class Method(NamedTuple):
@@ -60,34 +62,56 @@ METHODS: dict[str, Method] = {
 ALGORITHMS: dict[str, Callable[[Any, int, int], Algorithm]] = {
     name: m.build for name, m in METHODS.items()
 }
+REGISTRY = Registry("method", "algorithm.name")
+for _name, _m in METHODS.items():
+    REGISTRY.add(_name, _m)
 
-# the ``algorithm`` section of a config: one method's settings, chosen by ``name``
-AlgorithmConfig = Annotated[
-    Union[tuple(m.settings for m in METHODS.values())],  # noqa: UP007 - built at import
-    Field(discriminator="name"),
-]
-_ADAPTER: TypeAdapter = TypeAdapter(AlgorithmConfig)
+# what a plugin method must have (the Algorithm protocol)
+PROTOCOL = ("name", "init", "round", "eval_params", "collaboration")
+
+
+def method(name: str) -> Method:
+    """A method by name: built-in, import path (``pkg.mod:Class``) or entry point."""
+    found = REGISTRY.get(name)
+    if isinstance(found, Method):
+        return found
+    settings = getattr(found, "Settings", None)
+    if not (isinstance(settings, type) and issubclass(settings, MethodConfig)):
+        raise ConfigError(
+            f"invalid config key 'algorithm.name': the method '{name}' has no settings "
+            "class: give it an attribute Settings, a subclass of raycobo.MethodConfig"
+        )
+    missing = [a for a in PROTOCOL if not hasattr(found, a)]
+    if missing:
+        raise ConfigError(
+            f"invalid config key 'algorithm.name': the method '{name}' does not implement "
+            f"the Algorithm protocol (no {', '.join(missing)})"
+        )
+    return Method(found, settings)
+
+
+def method_names() -> list[str]:
+    """The built-in methods' names, then the installed plugins'."""
+    return REGISTRY.names()
 
 
 def method_keys(name: str) -> list[str]:
     """The settings (``algorithm.<key>``) of a method, ``name`` first."""
-    settings = choose(METHODS, name, "algorithm.name", "algorithm").settings
-    return list(settings.model_fields)
+    return list(method(name).settings.model_fields)
 
 
 def methods_with(key: str) -> list[str]:
-    """The methods that have setting ``key``."""
+    """The built-in methods that have setting ``key``."""
     return [n for n, m in METHODS.items() if key in m.settings.model_fields]
 
 
-def check_method_keys(section: dict[str, Any]) -> None:
-    """Refuse keys that the section's method does not have, naming the methods that do."""
+def check_method_keys(section: dict[str, Any]) -> type[MethodConfig]:
+    """Refuse keys that the section's method does not have, naming the methods that do.
+    -> the method's settings class"""
     name = section.get("name", "cobo")
-    if not isinstance(name, str):
-        return  # the schema reports a wrong type
-    keys = method_keys(name)
+    settings = method(name).settings
     for key in section:
-        if key in keys:
+        if key in settings.model_fields:
             continue
         owners = methods_with(key)
         if not owners:
@@ -96,30 +120,33 @@ def check_method_keys(section: dict[str, Any]) -> None:
             f"invalid config key 'algorithm.{key}': {name} has no setting '{key}' "
             f"(it is a setting of {', '.join(owners)})"
         )
+    return settings
 
 
 def algorithm_settings(**values: Any) -> MethodConfig:
     """One method's settings from keyword values (``name`` chooses the method)."""
-    check_method_keys(values)
-    return _ADAPTER.validate_python(values)
+    values.setdefault("name", "cobo")
+    return check_method_keys(values).model_validate(values)
 
 
 def build_algorithm(cfg: MethodConfig, rounds: int, seed: int) -> Algorithm:
-    factory = choose(ALGORITHMS, cfg.name, "algorithm.name", "algorithm")
-    return factory(cfg, rounds, seed)
+    return method(cfg.name).build(cfg, rounds, seed)
 
 
 __all__ = [
     "ALGORITHMS",
     "METHODS",
     "Algorithm",
-    "AlgorithmConfig",
     "ClientOps",
+    "Method",
+    "MethodConfig",
     "Evaluation",
     "algorithm_settings",
     "build_algorithm",
     "check_method_keys",
     "evaluate",
+    "method",
     "method_keys",
+    "method_names",
     "methods_with",
 ]

@@ -114,8 +114,8 @@ class Algorithm(Protocol):
         ...
 
 
-# -- optional capabilities: an algorithm (or an engine standing in for one) declares one by
-# having its methods; the run checks with isinstance instead of probing attribute names.
+# -- optional capabilities: an algorithm declares one by having its methods; the session
+# checks with isinstance instead of probing attribute names.
 
 
 @runtime_checkable
@@ -160,23 +160,6 @@ class PlansAlignment(Protocol):
     def step(self, state: Any, members: torch.Tensor, G: torch.Tensor) -> Any: ...
 
 
-@runtime_checkable
-class HoldsStateElsewhere(Protocol):
-    """An engine whose algorithm state lives outside the driver (the Ray coordinator):
-    it hands the state over for checkpoints and takes it back on resume."""
-
-    def checkpoint_state(self) -> Any: ...
-
-    def restore_state(self, tree: Any) -> None: ...
-
-
-@runtime_checkable
-class ReportsExtras(Protocol):
-    """Adds its own entries to the run summary (the Ray engine's report)."""
-
-    def summary_extras(self) -> dict[str, Any] | None: ...
-
-
 def evaluate(algo: Algorithm, state: Any, ops: ClientOps) -> Evaluation:
     """Every client's prediction model on its own test data (or the algorithm's own
     evaluation, for one that predicts otherwise)."""
@@ -201,4 +184,21 @@ def tensor_layout(shapes: list[tuple[int, ...]] | list[torch.Size]) -> list[tupl
         channels = int(shape[0]) if len(shape) >= 2 else 1
         out.append((offset, channels, numel // channels))
         offset += numel
+    return out
+
+
+def cluster_agreement(W: torch.Tensor | None, clusters: list[int | None]) -> dict[str, float]:
+    """Mean off-diagonal W inside (``w_within``) and across (``w_across``) the
+    ground-truth clusters; empty without W, without clusters or with one client."""
+    if W is None or any(c is None for c in clusters) or W.shape[0] < 2:
+        return {}
+    cl = torch.tensor(clusters)
+    same = cl[:, None] == cl[None, :]
+    off = ~torch.eye(len(cl), dtype=torch.bool)
+    Wc = W.detach().float().cpu()
+    out = {}
+    if (same & off).any():
+        out["w_within"] = float(Wc[same & off].mean())
+    if (~same).any():
+        out["w_across"] = float(Wc[~same].mean())
     return out

@@ -17,7 +17,7 @@ Each round t:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
 import torch
@@ -33,7 +33,7 @@ from raycobo.settings import ConfigError
 
 # above this many clients the final W is not materialised densely for the run directory
 
-Sampling = Literal["constant", "time", "mixed", "full"]
+Sampling = Literal["constant", "time", "mixed", "mixed_sqrt", "full"]
 Domain = Literal["box", "simplex"]
 
 
@@ -57,7 +57,32 @@ class CoBoConfig(MethodConfig):
     sampling_c: float = Field(default=1.0, gt=0, description="constant: p = c/n")
     time_c: float = Field(default=1.0, gt=0, description="time: p_t = min(1, c/t)")
     mixed_switch: float = Field(
-        default=0.002, ge=0, le=1, description="mixed: share of rounds sampled as constant"
+        default=0.002,
+        ge=0,
+        le=1,
+        description="mixed, mixed_sqrt: share of rounds sampled as constant",
+    )
+    # the authors' code (github epfml/CoBo, personalized-vision-models) where it differs
+    # from Algorithm 1; the defaults are the paper's
+    alignment: Literal["inner", "cosine"] = Field(
+        default="inner",
+        description="Eq. (1)'s score: the inner product <g_i, g_j> (paper) or its cosine",
+    )
+    momentum: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="beta of the model step's gradient average m <- beta m + (1-beta) g "
+        "(the authors' code: 0.9; paper: 0)",
+    )
+    init: Literal["shared", "independent"] = Field(
+        default="shared",
+        description="x_i^0: one shared x^0 (paper) or each client its own (authors' code)",
+    )
+    order: Literal["weights_first", "models_first"] = Field(
+        default="weights_first",
+        description="W from x^t then x^{t+1} with it (Algorithm 1), or the model step "
+        "first and W at the new models' midpoints (authors' code)",
     )
 
 
@@ -82,6 +107,7 @@ class CoBoState:
     X: torch.Tensor  # (n, d) personal models x_i
     W: torch.Tensor | SparseBoxWeights  # (n, n) collaboration weights w_ij
     active: torch.Tensor | None = None  # (n,) bool: clients in the system (None: all)
+    M: torch.Tensor | None = None  # (n, d) the model step's gradient average (momentum)
 
 
 def initial_weights(n: int, domain: str, device: torch.device | None = None) -> torch.Tensor:
@@ -190,9 +216,15 @@ def penalized_rows_blocks(
     return out.add_(G, alpha=-lr)
 
 
-def alignment_scores(G_i: torch.Tensor, G_j: torch.Tensor) -> torch.Tensor:
-    """The inner problem's signal for each sampled pair: <g_i(z_ij), g_j(z_ij)>."""
-    return torch.linalg.vecdot(G_i, G_j)
+def alignment_scores(G_i: torch.Tensor, G_j: torch.Tensor, kind: str = "inner") -> torch.Tensor:
+    """The inner problem's signal for each sampled pair: <g_i(z_ij), g_j(z_ij)> (Eq. 1),
+    or with ``kind='cosine'`` that product over ||g_i|| ||g_j|| (in [-1, 1]: every pair
+    moves by at most gamma, whatever the gradients' scale). G_i, G_j: (E, d) -> (E,)"""
+    dot = torch.linalg.vecdot(G_i, G_j)
+    if kind == "cosine":
+        norms = torch.linalg.vector_norm(G_i, dim=1) * torch.linalg.vector_norm(G_j, dim=1)
+        return dot / norms.clamp_min(1e-12)
+    return dot
 
 
 class CoBo:
@@ -231,8 +263,11 @@ class CoBo:
         )
 
     def init(self, ops: ClientOps) -> CoBoState:
-        X = ops.initial_params().expand(ops.n_clients, -1).clone()  # x_i^0 = x^0
         n, c = ops.n_clients, self.cfg
+        if c.init == "independent":  # the authors' code: every client its own model
+            X = torch.stack([ops.random_params(salt=i) for i in range(n)])
+        else:
+            X = ops.initial_params().expand(n, -1).clone()  # x_i^0 = x^0 (Algorithm 1)
         self.penalty(n)  # an explicit rho beyond the stability bound stops here
         sparse = c.weights == "sparse" or (c.weights == "auto" and n > 2048 and c.domain == "box")
         if sparse and c.domain != "box":
@@ -286,23 +321,36 @@ class CoBo:
         E = edges.shape[0]
         if E == 0:
             return state
-        scores = alignment_scores(G_align[:E], G_align[E:])
+        scores = alignment_scores(G_align[:E], G_align[E:], self.cfg.alignment)
         W = update_weights(state.W, edges, scores, self.cfg.gamma, self.cfg.domain)
-        return CoBoState(state.X, W, state.active)
+        return replace(state, W=W)
 
     def step(self, state: CoBoState, members: torch.Tensor, G: torch.Tensor) -> CoBoState:
-        """Eq. (3) for the present clients, with the current W and x^t."""
+        """Eq. (3) for the present clients, with the current W and x^t. With
+        ``momentum`` beta > 0 (the authors' code) the gradient is replaced by its running
+        average m <- beta m + (1 - beta) g (m = g at the first step); the penalty is not
+        averaged."""
         c = self.cfg
-        X, W = state.X, state.W
+        X, W, M = state.X, state.W, state.M
         rho = self.penalty(state.X.shape[0])
+        if c.momentum > 0:
+            if M is None:
+                M = torch.zeros_like(X)
+                M[members] = G
+            else:
+                M = M.clone()
+                M[members] = c.momentum * M[members] + (1 - c.momentum) * G
+            G = M[members]
         if state.active is None:
             X = penalized_step(X, G, W, c.lr, rho)
         else:  # only the present clients step, pulled only toward each other
             X = X.clone()
             X[members] = penalized_step(X[members], G, W[members][:, members], c.lr, rho)
-        return CoBoState(X, W, state.active)
+        return CoBoState(X, W, state.active, M)
 
     def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
+        if self.cfg.order == "models_first":
+            return self._models_first(state, t, ops)
         p = self.plan(state, t, ops, with_models=True)
         E, n = p.edges.shape[0], p.members.numel()
         # One engine request for the whole round (fewer round trips on remote engines):
@@ -315,6 +363,19 @@ class CoBo:
         state = self.apply_alignment(state, p.edges, G_all[: 2 * E])  # Eq. (1)
         state = self.step(state, p.members, G_all[2 * E :])  # Eq. (3), W^{t+1} and x^t
         return state, self.stats(L_all[2 * E :], E, n)
+
+    def _models_first(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
+        """The authors' order: x^{t+1} from x^t with W^t (Eq. 3), then W^{t+1} from the
+        gradients at the midpoints of the new models (Eq. 1); two engine requests."""
+        members = self.sample_edges(state.active, t, ops.n_clients, state.X.device)[1]
+        G, L = ops.grads(members, state.X[members], t, rng.STEP, 0)
+        state = self.step(state, members, G)
+        p = self.plan(state, t, ops)  # the same edges: sampling depends on (seed, t) only
+        E = p.edges.shape[0]
+        if E:
+            G_align, _ = ops.grads(p.align_clients, p.align_points, t, rng.ALIGN, p.align_salts)
+            state = self.apply_alignment(state, p.edges, G_align)
+        return state, self.stats(L, E, members.numel())
 
     @staticmethod
     def stats(step_loss: torch.Tensor, E: int, n: int) -> dict[str, float]:
@@ -339,7 +400,7 @@ class CoBo:
         self._check_elastic(state)
         active = _active(state.active, state.X.shape[0], state.X.device)
         active[torch.as_tensor(clients, device=active.device)] = False
-        return CoBoState(state.X, state.W, active)
+        return replace(state, active=active)
 
     def join(self, state: CoBoState, clients: list[int]) -> CoBoState:
         """Clients join: their W row and column restart at W^0 (box: 1; simplex: uniform
@@ -361,7 +422,7 @@ class CoBo:
                 others[k] = False
                 W[k, others] = 1.0 / max(int(others.sum()), 1)
                 others[k] = True
-        return CoBoState(state.X, W, active)
+        return replace(state, W=W, active=active)
 
     def eval_params(self, state: CoBoState) -> torch.Tensor:
         return state.X

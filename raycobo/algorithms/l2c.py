@@ -38,7 +38,7 @@ Readings chosen, where the paper leaves room:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -54,6 +54,7 @@ class L2CConfig(LocalTraining, MethodConfig):
     neighbours removed)."""
 
     name: Literal["l2c"] = "l2c"
+    uses_validation: ClassVar[bool] = True  # learns its mixing from a validation loss
     mix_lr: float = Field(default=0.1, gt=0, description="Adam lr of the mixing parameters")
     mix_weight_decay: float = Field(default=0.01, ge=0, description="Adam weight decay")
     prune_round: int | None = Field(default=10, ge=0, description="T0; null: never prune")

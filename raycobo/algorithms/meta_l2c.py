@@ -108,10 +108,17 @@ def load_encoder(enc: ChannelEncoder, path: str) -> None:
 
     if not Path(path).is_file():
         raise ConfigError(f"invalid config key 'algorithm.encoder_path': no file {path}")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(payload, dict) or "state_dict" not in payload:
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - damaged, foreign or pickled code: one line
         raise ConfigError(
-            f"invalid config key 'algorithm.encoder_path': {path} is not a meta-L2C encoder"
+            f"invalid config key 'algorithm.encoder_path': {path} cannot be read as a meta-L2C "
+            f"encoder (plain tensors only): {type(err).__name__}"
+        ) from None
+    if not isinstance(payload, dict) or not {"state_dict", "sizes"} <= set(payload):
+        raise ConfigError(
+            f"invalid config key 'algorithm.encoder_path': {path} is not a meta-L2C encoder "
+            "(an encoder.pt written by a meta_l2c run)"
         )
     if list(payload["sizes"]) != list(enc.sizes):
         raise ConfigError(

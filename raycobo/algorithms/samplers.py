@@ -7,6 +7,9 @@ Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
 - ``time``:     p_t = min(1, c / (t + 1))  -- O(1/t);
 - ``mixed``:    constant for the first ``mixed_switch`` share of rounds (0.2 % in the
   paper), then time-dependent;
+- ``mixed_sqrt``: constant for the first ``mixed_switch`` share of rounds, then
+  p_t = min(1, c / sqrt(t + 1)) -- the authors' code (github epfml/CoBo, grouping.py:
+  p = 2/n for 800 steps, then 1/sqrt(t));
 - ``full``:     every pair, every round (the paper's "no sampling" oracle).
 
 Draws are seeded by (seed, round) only, so they are reproducible and cost
@@ -86,6 +89,8 @@ class EdgeSampler:
             return timed
         if self.kind == "mixed":
             return const if t < self.switch_round() else timed
+        if self.kind == "mixed_sqrt":  # the authors' code: 2/n, then 1/sqrt(t) after 800
+            return const if t < self.switch_round() else min(1.0, self.time_c / math.sqrt(t + 1))
         raise ValueError(f"unknown sampling '{self.kind}'")
 
     def sample(self, t: int) -> torch.Tensor:

@@ -5,13 +5,19 @@ another method is refused when the config is loaded (``raycobo.config``)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from raycobo.settings import Section
 
 
 class MethodConfig(Section):
-    """Every method: its name and the model step size."""
+    """Every method: its name and the model step size. ``uses_validation``: the method
+    learns from each client's held-out validation loss, so ``data.validation_fraction``
+    defaults to 0.2 for it (L2C Section 4)."""
+
+    uses_validation: ClassVar[bool] = False
 
     name: str
     lr: float = Field(default=0.1, gt=0, description="eta: model step size")

@@ -19,7 +19,7 @@ held-out data (stream VAL).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -33,6 +33,7 @@ class ValidationConfig(MethodConfig):
     """Trust from validation losses (Wagner et al. 2024; CoBo Table 2's LLM baseline)."""
 
     name: Literal["validation_based"] = "validation_based"
+    uses_validation: ClassVar[bool] = True  # trust from held-out losses
     trust_every: int = Field(default=10, ge=1, description="rounds between trust updates")
     trust_temperature: float = Field(default=0.1, gt=0, description="softmax temperature")
 

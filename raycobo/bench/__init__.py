@@ -3,6 +3,7 @@
 - ``engine``: the local engine against the per-client loop per model and n (time, memory)
 - ``scaling``: CoBo with O(1/n) sampling at growing n (time, memory, quality)
 - ``ray``: CoBo on the Ray engine against the local engine (coordination share)
+- ``paper``: the CoBo paper's ResNet-9 experiments at full size against one plain model
 """
 
 from raycobo.bench.engine import bench_engine

@@ -16,14 +16,18 @@ from raycobo.data.base import FederatedData
 
 
 def synthetic_data(
-    n: int, per_client: int = 200, seed: int = 0, shape: tuple[int, ...] = (1, 28, 28)
+    n: int,
+    per_client: int = 200,
+    seed: int = 0,
+    shape: tuple[int, ...] = (1, 28, 28),
+    classes: int = 10,
 ) -> FederatedData:
     """Random inputs of ``shape`` and labels, ``per_client`` each (4 clusters): throughput
     needs no real data."""
     g = torch.Generator().manual_seed(seed)
     N = n * per_client
     x = torch.randn(N, *shape, generator=g)
-    y = torch.randint(0, 10, (N,), generator=g)
+    y = torch.randint(0, classes, (N,), generator=g)
     idx = list(torch.arange(N).view(n, per_client))
     test = list(torch.arange(min(N, 500)).expand(n, -1))
     return FederatedData(
@@ -35,19 +39,18 @@ def synthetic_data(
         test,
         [y[:500][t] for t in test],
         [c % 4 for c in range(n)],
-        10,
+        classes,
     )
 
 
-class Stepper:
-    """Advances an algorithm one round per call (for timing)."""
+def started(algo, ops):
+    """A local session of ``algo`` over ``ops``, started: ``session.round(t)`` is what
+    the benchmarks time."""
+    from raycobo.engine import LocalSession
 
-    def __init__(self, algo, ops):
-        self.algo, self.ops = algo, ops
-        self.state = algo.init(ops)
-
-    def __call__(self, t: int) -> None:
-        self.state, _ = self.algo.round(self.state, t, self.ops)
+    session = LocalSession(algo, ops)
+    session.start()
+    return session
 
 
 def write_rows(path: Path, rows: list) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from raycobo.bench.common import Stepper, _time, peak_rss_mb, synthetic_data, write_rows
+from raycobo.bench.common import _time, peak_rss_mb, started, synthetic_data, write_rows
 
 SHAPES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cnn1d": (1, 40), "resnet9": (3, 32, 32)}
 
@@ -69,7 +69,7 @@ def measure(
 ) -> list[dict]:
     """One (model, n, engine, strategy): ms per round of each algorithm, one evaluation,
     peak RSS (and peak GPU memory on CUDA). Runs in its own process (see bench_engine)."""
-    from raycobo.algorithms import build_algorithm, evaluate
+    from raycobo.algorithms import build_algorithm
     from raycobo.config import with_overrides
     from raycobo.engine import make_local_ops
 
@@ -81,15 +81,15 @@ def measure(
     out = []
     for name in algorithms:
         algo = build_algorithm(with_overrides(cfg, {"algorithm.name": name}).algorithm, 10**6, 0)
-        stepper = Stepper(algo, ops)
+        session = started(algo, ops)
 
-        def step(t, stepper=stepper):
-            stepper(t)
+        def step(t, session=session):
+            session.round(t)
             if cuda:  # the GPU works asynchronously: a round ends with its kernels
                 torch.cuda.synchronize()
 
         sec = _time(step, rounds, warmup=1)
-        ev = _time(lambda t, s=stepper, a=algo: evaluate(a, s.state, ops), 1, warmup=0)
+        ev = _time(lambda t, s=session: s.evaluate(), 1, warmup=0)
         out.append(
             {
                 "algorithm": name,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from raycobo.bench.common import Stepper, _time
+from raycobo.bench.common import _time, started
 from raycobo.bench.engine import workload
 
 
@@ -37,11 +37,11 @@ def profile_round(
     cfg = with_overrides(cfg, {"algorithm.name": algorithm})  # CoBo's own keys drop
     ops = make_local_ops(cfg, data)
     algo = build_algorithm(cfg.algorithm, 10**6, 0)
-    stepper = Stepper(algo, ops)
+    session = started(algo, ops)
     cuda = device.startswith("cuda")
 
     def step(t):
-        stepper(t)
+        session.round(t)
         if cuda:
             torch.cuda.synchronize()
 

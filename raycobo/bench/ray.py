@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from raycobo.bench.common import Stepper, _time, write_rows
+from raycobo.bench.common import _time, write_rows
 
 
 @dataclass
@@ -23,6 +24,8 @@ class RayRow:
     ray_ms: float
     coordination_share: float | None
     alignment_lag_mean: float | None
+    startup_s: float  # placing the hosts and the coordinator, loading data, first state
+    model: str = "mlp"
 
 
 def bench_ray(
@@ -38,6 +41,8 @@ def bench_ray(
     device: str = "cpu",
     data_root: str | None = None,
     fraction: float = 0.05,
+    model: str = "mlp",
+    threads: int | None = None,
 ) -> list[RayRow]:
     """CoBo rounds on the Ray engine against the local engine on the same config (MLP
     784-64-10 on Fashion-MNIST, or digits when it is missing): median ms per round and
@@ -48,8 +53,8 @@ def bench_ray(
     engine's."""
     from raycobo.config import load_config
     from raycobo.data import fashion_mnist_available
-    from raycobo.engine.ray import RayRun, start_ray
-    from raycobo.experiment import build_run
+    from raycobo.engine import open_session
+    from raycobo.engine.ray import RaySession, start_ray
 
     data = "fashion_mnist" if fashion_mnist_available(data_root) else "digits"
     rows: list[RayRow] = []
@@ -71,14 +76,19 @@ def bench_ray(
             f"algorithm.rho={min(0.3, 5.0 / n)}",
             f"rounds={rounds + 2}",
             "tracking.enabled=false",
+            f"model.name={model}",
         ]
         cfg = load_config(None, [*base, f"engine.device={device}"])
-        ops, algo = build_run(cfg)
-        local_ms = 1e3 * _time(Stepper(algo, ops), rounds)
+        local, _ = open_session(cfg)
+        local.start()
+        n_clients = local.n_clients
+        local_ms = 1e3 * _time(local.round, rounds)
+        del local
         modes = [(k, s, r) for k in per_actor for s in staleness for r in resident]
         for k, s, res in modes:
             if res and s:  # host-resident rounds are synchronous
                 continue
+            shared = max(1, torch.get_num_threads() // -(-n_clients // k))
             rcfg = load_config(
                 None,
                 [
@@ -87,7 +97,7 @@ def bench_ray(
                     f"engine.clients_per_actor={k}",
                     "engine.cpus_per_actor=0",
                     # the hosts share the machine's cores (the local engine uses them all)
-                    f"engine.threads={max(1, torch.get_num_threads() // -(-ops.n_clients // k))}",
+                    f"engine.threads={threads or shared}",
                     f"engine.gpus_per_client={gpus_per_client}",
                     f"engine.staleness={s}",
                     "engine.slow_hosts=[1]",
@@ -96,19 +106,17 @@ def bench_ray(
                 ],
             )
             start_ray(rcfg)
-            run = RayRun(rcfg, ops.n_clients)
+            t0 = time.perf_counter()
+            run = RaySession(rcfg, n_clients)
             try:
-                state = run.init(run)
-
-                def step(t, run=run, state=state):
-                    run.round(state, t, run)
-
-                ray_ms = 1e3 * _time(step, rounds)
-                rep = run.summary_extras()
+                run.start()
+                startup = time.perf_counter() - t0
+                ray_ms = 1e3 * _time(run.round, rounds)
+                rep = run.report()["engine_report"]
             finally:
                 run.close()
             row = RayRow(
-                ops.n_clients,
+                n_clients,
                 k,
                 rep["hosts"],
                 s,
@@ -118,13 +126,16 @@ def bench_ray(
                 ray_ms,
                 rep.get("coordination_share"),
                 rep.get("alignment_lag_mean"),
+                startup,
+                model,
             )
             rows.append(row)
             share = "-" if row.coordination_share is None else f"{row.coordination_share:.0%}"
             echo(
                 f"n={row.n:4d} per_actor={k:3d} hosts={row.hosts:3d} staleness={s} "
                 f"resident={'yes' if res else 'no '} "
-                f"local {local_ms:7.1f} ms  ray {ray_ms:7.1f} ms  coordination {share}"
+                f"local {local_ms:7.1f} ms  ray {ray_ms:7.1f} ms  coordination {share}  "
+                f"start-up {startup:.1f} s"
             )
     if out is not None:
         write_rows(out / "bench_ray.csv", rows)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from raycobo.bench.common import Stepper, rss_mb, synthetic_data, write_rows
+from raycobo.bench.common import rss_mb, started, synthetic_data, write_rows
 from raycobo.engine import make_local_ops
 
 
@@ -42,8 +42,9 @@ def bench_scaling(
     is measured; run one n per call for exact per-n figures (allocators reuse memory)."""
     import gc
 
+    from raycobo.algorithms import build_algorithm
     from raycobo.config import load_config
-    from raycobo.experiment import agreement_of, build_run
+    from raycobo.engine import open_session
 
     rows: list[ScaleRow] = []
     echo(f"torch threads: {torch.get_num_threads()}, load average: {os.getloadavg()[0]:.2f}")
@@ -70,29 +71,24 @@ def bench_scaling(
                     "data.center_scale=3",
                 ],
             )
-            ops, algo = build_run(cfg)
+            session, _ = open_session(cfg)
+            session.start()
         else:
             cfg = load_config(None, [*base, "algorithm.lr=0.05"])
             data = synthetic_data(per * clusters, per_client=64)
             data.clusters = [c // per for c in range(per * clusters)]
             ops = make_local_ops(cfg, data)  # MLP 784-64-10, the engine's own strategy
-            from raycobo.algorithms import build_algorithm
-
-            algo = build_algorithm(cfg.algorithm, rounds, 0)
-        step = Stepper(algo, ops)
-        step(0)
+            session = started(build_algorithm(cfg.algorithm, rounds, 0), ops)
+        session.round(0)
         t0 = time.perf_counter()
         edges = 0.0
         for t in range(1, rounds + 1):
-            step.state, stats = algo.round(step.state, t, ops)
-            edges += stats["edges"]
+            edges += session.round(t)["edges"]
         sec = (time.perf_counter() - t0) / rounds
-        from raycobo.algorithms import evaluate
-
-        ev = evaluate(algo, step.state, ops)
-        agree = agreement_of(algo, step.state, algo.collaboration(step.state), list(ops.clusters))
+        ev = session.evaluate()
+        agree = session.agreement(session.collaboration())
         rss = rss_mb() - rss0
-        n_real = ops.n_clients
+        n_real = session.n_clients
         row = ScaleRow(
             n_real,
             task,
@@ -111,7 +107,7 @@ def bench_scaling(
             f"{row.edges_per_round:8.0f} edges/round  +{row.rss_mib:7.0f} MiB "
             f"({row.mib_per_client:.3f}/client)  loss {row.final_loss:.4g}"
         )
-        del step, ops, algo
+        del session
     if out is not None:
         write_rows(out / "bench_scaling.csv", rows)
         from raycobo.plots import plot_scaling

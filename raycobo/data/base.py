@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -15,6 +16,9 @@ class FederatedData:
     with labels ``train_y[c]`` (labels are per client, so label permutations cost no copy
     of the features).
     """
+
+    uses_model: ClassVar[bool] = True  # trained through model.name
+    reports_perplexity: ClassVar[bool] = False
 
     name: str
     train_x: torch.Tensor  # (N, *input_shape) float32

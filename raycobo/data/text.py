@@ -26,6 +26,7 @@ import subprocess
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -37,6 +38,9 @@ DEFAULT_HELP_ROOT = "~/.cache/raycobo/libreoffice-help"
 @dataclass
 class TextData:
     """Token blocks per client: train[c] (n_c, L) and val[c] (m_c, L), int64."""
+
+    uses_model: ClassVar[bool] = True
+    reports_perplexity: ClassVar[bool] = True  # its loss is a language model's
 
     name: str
     train: list[torch.Tensor]

@@ -23,8 +23,14 @@ FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530
 def read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (the MNIST format), gzipped or not."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError
+        raise ConfigError(
+            f"cannot read {path} (data.root): {type(err).__name__}: {err} -- the file is "
+            "damaged or truncated; install it again"
+        ) from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise ConfigError(f"not an IDX file: {path}")
     dtype_code, ndim = data[2], data[3]

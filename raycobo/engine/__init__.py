@@ -1,14 +1,42 @@
-"""Engines: where the clients' computation runs (``engine.kind``)."""
+"""Engines: where the clients' computation runs (``engine.kind``), behind one session.
+
+``open_session(cfg)`` loads the data, builds the method and returns the session the run
+loop talks to (``raycobo.engine.session``): a :class:`LocalSession` over this process's
+``ClientOps`` (``local``, ``loop``) or a ``RaySession`` (``ray``).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from raycobo.algorithms.base import ClientOps
-from raycobo.config import Config
-from raycobo.data import QuadraticProblem
-from raycobo.data.quadratic import QuadraticOps
-from raycobo.models import build_model
+from raycobo.config import Config, ConfigError
+from raycobo.engine.session import LocalSession, Session
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a run reports about its task, as its data set declares it."""
+
+    model: str | None  # model.name, or None where the data set needs no model (quadratic)
+    perplexity: bool  # a language model: report exp(loss) as mean_perplexity
+
+
+def open_session(cfg: Config) -> tuple[Session, Task]:
+    """The data, the method and the engine of ``cfg`` as one session (not started)."""
+    from raycobo.algorithms import build_algorithm
+    from raycobo.data import load_data
+
+    data = load_data(cfg)
+    task = Task(cfg.model.name if data.uses_model else None, data.reports_perplexity)
+    if cfg.engine.kind == "ray":
+        from raycobo.engine.ray import RaySession
+
+        return RaySession(cfg, data.n_clients, data), task
+    algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
+    return LocalSession(algo, make_local_ops(cfg, data)), task
 
 
 def make_local_ops(
@@ -20,28 +48,43 @@ def make_local_ops(
     """ClientOps in this process: ``loop`` (per-client loop) or else vectorized; a Ray
     host passes its device and the global ids of the clients it holds (``data`` is then
     their subset), so its batches are the ones the local engine draws."""
+    from raycobo.data.quadratic import QuadraticProblem
+    from raycobo.data.text import TextData
+
     device = device or cfg.engine.device
     if device.startswith("cuda") and not torch.cuda.is_available():
-        from raycobo.config import ConfigError
-
         raise ConfigError(
             f"invalid config key 'engine.device': '{device}' but CUDA is not available"
         )
+    if not isinstance(data, QuadraticProblem | TextData):
+        return make_supervised_ops(cfg, data, device, client_ids)
+    e = cfg.engine
+    for key, plain in (("precision", "fp32"), ("channels_last", False)):
+        if getattr(e, key) != plain:
+            raise ConfigError(
+                f"invalid config key 'engine.{key}': it applies to the supervised models "
+                f"(mlp, cnn, resnet9, ...), not to data.name={cfg.data.name}"
+            )
     if isinstance(data, QuadraticProblem):
+        from raycobo.engine.quadratic import QuadraticOps
+
         return QuadraticOps(data, cfg.seed, device, client_ids=client_ids)
-    from raycobo.data.text import TextData
+    from raycobo.engine.llm import LoRAOps  # one path for local and loop: rows one by one
 
-    if isinstance(data, TextData):  # one path for local and loop: rows run one by one
-        from raycobo.engine.llm import LoRAOps
+    return LoRAOps(data, cfg, device, client_ids=client_ids)
 
-        return LoRAOps(data, cfg, device, client_ids=client_ids)
+
+def make_supervised_ops(cfg: Config, data, device: str, client_ids=None) -> ClientOps:
+    """The local engine on a supervised data set: the execution planned from
+    ``engine.strategy`` and ``engine.memory_gb`` (``engine/memory.py``), then the ops that
+    follow that plan."""
     from raycobo.engine.local import LoopOps, VectorizedOps
-    from raycobo.engine.memory import plan_execution
+    from raycobo.engine.memory import keep_freed_memory, plan_execution
+    from raycobo.models import build_model
 
+    keep_freed_memory()
     e = cfg.engine
     if e.kind == "loop" and e.strategy not in ("auto", "loop"):
-        from raycobo.config import ConfigError
-
         raise ConfigError(
             f"invalid config key 'engine.strategy': '{e.strategy}' applies to engine.kind "
             "local (or ray); engine.kind loop is the per-client reference loop"
@@ -49,7 +92,6 @@ def make_local_ops(
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     plan = plan_execution(
         "loop" if e.kind == "loop" else e.strategy,
-        cfg.model.name,
         model.module,
         tuple(data.input_shape),
         model.dim,
@@ -57,8 +99,11 @@ def make_local_ops(
         torch.device(device),
         e.memory_gb,
         e.chunk_size,
+        e.precision,
+        e.channels_last,
     )
-    common = dict(client_ids=client_ids, augment=cfg.data.augment, execution=plan)
-    if plan.strategy == "loop":
-        return LoopOps(data, model, cfg.batch_size, cfg.seed, device, **common)
-    return VectorizedOps(data, model, cfg.batch_size, cfg.seed, device, **common)
+    Ops = LoopOps if plan.strategy == "loop" else VectorizedOps
+    return Ops(data, model, cfg.batch_size, cfg.seed, plan, device, client_ids, cfg.data.augment)
+
+
+__all__ = ["LocalSession", "Session", "Task", "make_local_ops", "open_session"]

@@ -23,6 +23,8 @@ from raycobo.data.text import TextData
 
 
 class LoRAOps:
+    execution = None  # rows run one by one; nothing to plan
+
     def __init__(
         self,
         data: TextData,

@@ -13,12 +13,15 @@ in engine-equivalence tests and as the baseline of ``raycobo bench``.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
 from raycobo import rng
 from raycobo.algorithms.base import Evaluation, tensor_layout
 from raycobo.data.base import FederatedData
+from raycobo.engine.memory import Execution
 from raycobo.models import FunctionalModel
 
 
@@ -98,16 +101,17 @@ class _SupervisedBase:
         model: FunctionalModel,
         batch_size: int,
         seed: int,
+        execution: Execution,
         device: str | torch.device = "cpu",
         client_ids: torch.Tensor | None = None,
         augment: bool = False,
-        execution=None,
     ):
-        from raycobo.engine.memory import plan_execution
-
+        """``execution``: how calls are batched and bounded (``engine.memory``'s plan,
+        made by ``raycobo.engine.make_local_ops``)."""
         self.data = data
         self.model = model
         self.seed = seed
+        self.execution = execution
         self.device = torch.device(device)
         self.n_clients = data.n_clients
         self.dim = model.dim
@@ -118,18 +122,17 @@ class _SupervisedBase:
         self.test_x = data.test_x.to(self.device)
         self.test_idx = [t.to(self.device) for t in data.test_idx]
         self.test_y = [t.to(self.device) for t in data.test_y]
-        kind = "loop" if isinstance(self, LoopOps) else "chunked"
-        self.execution = execution or plan_execution(
-            kind,
-            model.name,
-            model.module,
-            tuple(data.input_shape),
-            model.dim,
-            batch_size,
-            self.device,
-            None,
-            4096,
-        )
+        self.bf16 = execution.precision == "bf16"
+        if execution.precision == "tf32":  # tensor cores for matmuls and convolutions
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+    def autocast(self):
+        """bf16 autocast (engine.precision=bf16): the passes in bfloat16, parameters,
+        gradients and losses in float32; a no-op otherwise."""
+        if self.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def initial_params(self) -> torch.Tensor:
         return self._x0.clone()
@@ -173,14 +176,16 @@ class VectorizedOps(_SupervisedBase):
         salts, streams = rng.per_row(salt, m), rng.per_row(stream, m)
         G = torch.empty(m, self.dim, device=self.device, dtype=Z.dtype)
         L = torch.empty(m, device=self.device, dtype=Z.dtype)
+        fused = self.model.loss_grad is not None and not self.bf16
         for sl in self._chunks(m):
             xb, yb = self.batches.batch(clients[sl], round, streams[sl], salts[sl])
-            if self.model.loss_grad is not None:  # fused hand-written backward
+            if fused:  # the hand-written fp32 backward
                 L[sl] = self.model.loss_grad(Z[sl].detach(), xb, yb, G[sl])
                 continue
             with torch.enable_grad():
                 parts = [p.requires_grad_(True) for p in self.model.split(Z[sl].detach())]
-                loss = self._loss(parts, xb, yb)
+                with self.autocast():
+                    loss = self._loss(parts, xb, yb)
                 grads = torch.autograd.grad(loss.sum(), parts)
             for (a, b), g in zip(self.model.segments, grads, strict=True):
                 G[sl, a:b] = g
@@ -194,7 +199,8 @@ class VectorizedOps(_SupervisedBase):
         out = torch.empty(m, device=self.device, dtype=Z.dtype)
         for sl in self._chunks(m):
             xb, yb = self.batches.batch(clients[sl], round, streams[sl], salts[sl])
-            out[sl] = self._loss(Z[sl], xb, yb)
+            with self.autocast():
+                out[sl] = self._loss(Z[sl], xb, yb)
         return out
 
     @torch.no_grad()
@@ -235,7 +241,9 @@ class VectorizedOps(_SupervisedBase):
                 sl = slice(b, min(T, b + self.eval_block))
                 x = self.test_x[idx[:, sl]]  # (r, blk, ...)
                 xk = x.unsqueeze(1).expand(r, k, *x.shape[1:]).reshape(r * k, *x.shape[1:])
-                logp = torch.log_softmax(self.model.forward(P, xk), dim=-1)  # (r*k, blk, C)
+                with self.autocast():
+                    logits = self.model.forward(P, xk)
+                logp = torch.log_softmax(logits.float(), dim=-1)  # (r*k, blk, C)
                 blk, C = logp.shape[1], logp.shape[2]
                 logp = logp.view(r, k, blk, C) + logw[a : a + r, :, None, None]
                 mix = torch.logsumexp(logp, dim=1)  # (r, blk, C) log of the mixture
@@ -251,10 +259,32 @@ class VectorizedOps(_SupervisedBase):
 class LoopOps(_SupervisedBase):
     """Reference ClientOps: a plain per-client PyTorch loop over nn.Module copies."""
 
-    def _module_loss(self, flat: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.channels_last = self.execution.channels_last
+        if self.channels_last:  # NHWC weights; loading copies into them (layout kept)
+            self.model.module.to(device=self.device, memory_format=torch.channels_last)
+
+    def _load(self, flat: torch.Tensor) -> torch.nn.Module:
         module = self.model.module
-        self.model.load_into(module, flat)
-        return F.cross_entropy(module(xb), yb)
+        if self.channels_last:
+            with torch.no_grad():
+                for p, (a, b) in zip(module.parameters(), self.model.segments, strict=True):
+                    p.copy_(flat[a:b].view(p.shape))
+        else:
+            self.model.load_into(module, flat)
+        return module
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def _module_loss(self, flat: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
+        module = self._load(flat)
+        with self.autocast():
+            logits = module(self._input(xb))
+        return F.cross_entropy(logits.float(), yb)
 
     def grads(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
@@ -313,23 +343,23 @@ class LoopOps(_SupervisedBase):
     def evaluate_mixture(
         self, clients: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor
     ) -> Evaluation:
-        module = self.model.module
-
         def mixture(r: int, x: torch.Tensor) -> torch.Tensor:
             probs = 0
             for j in range(Z.shape[1]):
-                self.model.load_into(module, Z[r, j])
-                probs = probs + weights[r, j] * torch.softmax(module(x), dim=-1)
+                module = self._load(Z[r, j])
+                with self.autocast():
+                    logits = module(self._input(x))
+                probs = probs + weights[r, j] * torch.softmax(logits.float(), dim=-1)
             return torch.log(probs.clamp_min(1e-30))
 
         return self._scored(clients, mixture)
 
     @torch.no_grad()
     def evaluate(self, clients: torch.Tensor, Z: torch.Tensor) -> Evaluation:
-        module = self.model.module
-
         def own(r: int, x: torch.Tensor) -> torch.Tensor:
-            self.model.load_into(module, Z[r])  # once per block: cheap next to the forward
-            return torch.log_softmax(module(x), dim=-1)
+            module = self._load(Z[r])  # once per block: cheap next to the forward
+            with self.autocast():
+                logits = module(self._input(x))
+            return torch.log_softmax(logits.float(), dim=-1)
 
         return self._scored(clients, own)

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from raycobo.config import ConfigError, ModelConfig, choose
+from raycobo.config import ConfigError, ModelConfig
+from raycobo.registry import Registry
 
 
 class MLP(nn.Module):
@@ -204,16 +205,48 @@ def _conv(name: str) -> Callable[[ModelConfig, tuple[int, ...], int], Functional
     return build
 
 
-MODELS: dict[str, Callable[[ModelConfig, tuple[int, ...], int], FunctionalModel]] = {
+MODELS = Registry("model", "model.name")
+for _name, _build in {
     "mlp": build_mlp,
     "cnn": _conv("cnn"),
     "cnn1d": _conv("cnn1d"),
     "resnet9": _conv("resnet9"),
-}
+}.items():
+    MODELS.add(_name, _build)
+# causal language models, built by the language-model engine (raycobo.engine.llm)
+LANGUAGE_MODELS = ("smollm2", "hf", "tiny_gpt2")
 
 
 def build_model(
     cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
 ) -> FunctionalModel:
-    factory = choose(MODELS, cfg.name, "model.name", "model")
-    return factory(cfg, input_shape, num_classes)
+    """A built-in model, or a plugin: an ``nn.Module`` class (or a function returning a
+    module) called as ``Net(input_shape, num_classes, **model.options)``."""
+    if cfg.name in MODELS:
+        if cfg.options:
+            raise ConfigError(
+                f"invalid config key 'model.options': {cfg.name} is a built-in model; options "
+                "are the constructor arguments of a plugin model"
+            )
+        return MODELS.get(cfg.name)(cfg, input_shape, num_classes)
+    if cfg.name in LANGUAGE_MODELS:
+        raise ConfigError(
+            f"invalid config key 'model.name': {cfg.name} is a language model "
+            "(data.name: multilingual_text)"
+        )
+    factory = MODELS.get(cfg.name)
+    if not callable(factory):
+        raise ConfigError(f"invalid config key 'model.name': '{cfg.name}' is not callable")
+    try:
+        module = factory(tuple(input_shape), num_classes, **cfg.options)
+    except TypeError as err:
+        raise ConfigError(
+            f"invalid config key 'model.options': {cfg.name}(input_shape, num_classes, "
+            f"**options) failed: {err}"
+        ) from None
+    if not isinstance(module, nn.Module):
+        raise ConfigError(
+            f"invalid config key 'model.name': {cfg.name} built a {type(module).__name__}, "
+            "not a torch.nn.Module"
+        )
+    return FunctionalModel(cfg.name, module, tuple(input_shape), num_classes)

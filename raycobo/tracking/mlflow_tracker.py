@@ -10,6 +10,8 @@ run directory.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import sys
@@ -17,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raycobo.callbacks import BaseCallback, RunContext
 from raycobo.config import TrackingConfig
+from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 
 _MAX_BATCH = 100
 
@@ -40,6 +42,44 @@ def resolve_uri(uri: str) -> str:
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         return prefix + str(Path(uri[len(prefix) :]).resolve())
     return uri
+
+
+@contextlib.contextmanager
+def store_lock(uri: str, wait_s: float = 120.0):
+    """Serialize first contact with a sqlite store across processes: MLflow creates and
+    migrates the schema on first use, and runs that start at once on a new file collide
+    (``table ... already exists``). A lock file beside the database; a bounded wait, then
+    on without it."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        yield
+        return
+    db = Path(uri[len(prefix) :])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a+") as f:
+        deadline = time.monotonic() + wait_s
+        locked = False
+        while not locked and time.monotonic() < deadline:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+            except OSError:
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            if locked:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def absolute_locations(cfg: TrackingConfig) -> dict[str, str]:
+    """``tracking.uri`` and ``tracking.artifact_root`` as overrides that every process
+    (sweep trials, parallel compare runs) finds whatever its working directory."""
+    art = cfg.artifact_root
+    return {
+        "tracking.uri": resolve_uri(cfg.uri),
+        "tracking.artifact_root": art if "://" in art else str(Path(art).resolve()),
+    }
 
 
 class MLflowTracker(BaseCallback):
@@ -106,14 +146,16 @@ class MLflowTracker(BaseCallback):
             for name in ("mlflow", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)
 
-            client = MlflowClient(tracking_uri=self.uri)
-            if ctx.resumed_mlflow_run_id and self._reopen(client, ctx.resumed_mlflow_run_id):
-                ctx.mlflow_run_id = self.run_id
-                return
-            exp_id = self.experiment_id(client)
+            with store_lock(self.uri):  # the schema and the experiment, created once
+                client = MlflowClient(tracking_uri=self.uri)
+                resumed = ctx.resumed_mlflow_run_id
+                if resumed and self._reopen(client, resumed):
+                    ctx.mlflow_run_id = self.run_id
+                    return
+                exp_id = self.experiment_id(client)
             tags = {
                 "raycobo.algorithm": ctx.cfg.algorithm.name,
-                "raycobo.run_dir": str(ctx.run_dir.resolve()),
+                "raycobo.lifecycle.run_dir": str(ctx.run_dir.resolve()),
             }
             parent = self.parent.run_id if isinstance(self.parent, MLflowTracker) else self.parent
             parent = parent or ctx.parent_run_id
@@ -177,6 +219,7 @@ class MLflowTracker(BaseCallback):
         if self._pending:
             self._guard(self.client.log_batch, self.run_id, metrics=self._pending)
             self._pending = []
+        self.log_files(summary.get("files", []))  # a comparison's table, report and plots
         for name in (
             "summary.json",
             "config.yaml",

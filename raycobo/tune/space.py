@@ -31,10 +31,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from raycobo.config import Config, ConfigError, apply_overrides, read_yaml, validate, with_overrides
+from raycobo.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    read_config_tree,
+    read_yaml,
+    validate,
+    with_overrides,
+)
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint", "quniform")
 
@@ -109,7 +116,9 @@ def _bounds_values(key: str, dist: dict[str, Any]) -> list[Any]:
     return [lo, hi]
 
 
-def load_sweep(path: str | Path, overrides: list[str] | None = None) -> tuple[SweepSpec, Config]:
+def load_sweep(
+    path: str | Path, overrides: list[str] | dict[str, Any] | None = None
+) -> tuple[SweepSpec, Config]:
     """Read a sweep YAML, resolve and validate its base config and its search space.
 
     ``overrides`` (dotted key=value) apply to the base config."""
@@ -124,12 +133,11 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> tuple[Sw
             raise ConfigError(f"unknown sweep key '{loc}' in {p}") from None
         raise ConfigError(f"invalid sweep key '{loc}' in {p}: {first['msg']}") from None
     if isinstance(spec.base, str):
-        base_tree = read_yaml((p.parent / spec.base).resolve())
+        base_tree = read_config_tree((p.parent / spec.base).resolve())
     else:
         base_tree = dict(spec.base or {})
-    for k, v in spec.overrides.items():
-        apply_overrides(base_tree, [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"])
-    apply_overrides(base_tree, list(overrides or []))
+    apply_overrides(base_tree, dict(spec.overrides))
+    apply_overrides(base_tree, overrides or [])
     base = validate(base_tree)
     if not spec.space:
         raise ConfigError(f"sweep {p} has an empty 'space': nothing to search")

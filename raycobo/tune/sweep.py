@@ -16,8 +16,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from raycobo.callbacks import BaseCallback, RunContext
+import yaml
+
 from raycobo.config import Config, ConfigError, validate, with_overrides
+from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 from raycobo.tune.space import SweepSpec, tune_space
 
 REPORTED = ("mean_accuracy", "mean_loss", "w_within", "w_across")
@@ -52,7 +54,7 @@ def _take_tune_checkpoint(out: Path) -> bool:
     checkpoints/. -> whether the trial continues a run (resume)."""
     from ray import tune
 
-    from raycobo.checkpoint import list_checkpoints
+    from raycobo.lifecycle.checkpoint import list_checkpoints
 
     given = tune.get_checkpoint()
     if given is not None:
@@ -66,21 +68,28 @@ def _take_tune_checkpoint(out: Path) -> bool:
 
 
 def trial(params: dict[str, Any]) -> None:
-    """The Tune trainable: ``params`` holds the resolved base config and the sampled keys."""
+    """The Tune trainable: ``params`` holds the resolved base config and the sampled keys.
+    A config the sampled values make invalid ends the trial with its one-line error
+    (reported as ``config_error``) instead of raising: a retry could not succeed."""
     from ray import tune
 
-    from raycobo.experiment import run_experiment
+    from raycobo.lifecycle.experiment import run_experiment
     from raycobo.tracking import MLflowTracker
 
-    base = validate(params["__base__"])
-    sampled = {k: v for k, v in params.items() if not k.startswith("__")}
-    cfg = with_overrides(base, sampled)
-    callbacks: list[Any] = [TuneReporter(params["__metric__"])]
-    if cfg.tracking.enabled:
-        name = f"{cfg.name}-trial-{tune.get_context().get_trial_id()}"
-        callbacks.append(MLflowTracker(cfg.tracking, run_name=name, parent=params["__parent__"]))
-    out = Path(tune.get_context().get_trial_dir()) / "run"
-    run_experiment(cfg, out, callbacks, resume=_take_tune_checkpoint(out))
+    try:
+        base = validate(params["__base__"])
+        sampled = {k: v for k, v in params.items() if not k.startswith("__")}
+        cfg = with_overrides(base, sampled)
+        callbacks: list[Any] = [TuneReporter(params["__metric__"])]
+        if cfg.tracking.enabled:
+            name = f"{cfg.name}-trial-{tune.get_context().get_trial_id()}"
+            callbacks.append(
+                MLflowTracker(cfg.tracking, run_name=name, parent=params["__parent__"])
+            )
+        out = Path(tune.get_context().get_trial_dir()) / "run"
+        run_experiment(cfg, out, callbacks, resume=_take_tune_checkpoint(out))
+    except ConfigError as err:
+        tune.report({params["__metric__"]: float("nan"), "config_error": str(err)})
 
 
 def _scheduler(spec: SweepSpec, base: Config):
@@ -132,20 +141,29 @@ def _resources(spec: SweepSpec, base: Config):
     return tune.PlacementGroupFactory(bundles)
 
 
+SWEEP_FILE = "sweep.yaml"  # the resolved sweep: spec, base config, samples (for --resume)
+STATE_FILE = "sweep_state.json"  # the MLflow parent run, digests of Tune's files
+
+
+def _sweep_root(spec: SweepSpec, base: Config, out: Path | None) -> tuple[Path, str]:
+    from raycobo.lifecycle.files import fresh_dir
+
+    name = spec.name or f"{base.name}-sweep"
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        return out.resolve(), name
+    return fresh_dir(Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{name}").resolve(), name
+
+
 def run_sweep(
     spec: SweepSpec,
     base: Config,
     out: Path | None = None,
     num_samples: int | None = None,
     smoke_test: bool = False,
-    resume: Path | None = None,
-    echo=print,
 ) -> dict[str, Any]:
-    from ray import tune
-
-    from raycobo.engine.ray import start_ray
-    from raycobo.tracking import MLflowTracker
-
+    """A new sweep into ``out`` (default ``runs/<time>-<name>``). Everything it needs to
+    be resumed goes into the sweep directory (``sweep.yaml``)."""
     if smoke_test:
         over: dict[str, Any] = {"rounds": min(base.rounds, spec.smoke.rounds)}
         ev = spec.smoke.eval_every or max(1, over["rounds"] // 4)
@@ -153,78 +171,117 @@ def run_sweep(
         base = with_overrides(base, over)
         num_samples = min(num_samples or spec.num_samples, spec.smoke.num_samples)
     samples = num_samples or spec.num_samples
-    name = spec.name or f"{base.name}-sweep"
-    root = (resume or out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{name}").resolve()
-    if resume is not None and not tune.Tuner.can_restore(str(root / "tune")):
-        raise ConfigError(f"nothing to resume in {root / 'tune'}")
-    root.mkdir(parents=True, exist_ok=True)
-    start_ray(base)
+    root, name = _sweep_root(spec, base, out)
+    if (root / SWEEP_FILE).exists():
+        raise ConfigError(
+            f"{root} already holds a sweep; continue it with: raycobo sweep --resume {root}"
+        )
+    base = _trial_base(spec, base)
+    record = {"name": name, "num_samples": samples, "spec": spec.model_dump(mode="json")}
+    record["base"] = base.to_dict()
+    (root / SWEEP_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
+    return _launch(spec, base, root, name, samples, False)
 
+
+def resume_sweep(root: Path, trust_files: bool = False) -> dict[str, Any]:
+    """Continue a sweep from its directory alone: the unfinished and failed trials go on
+    from their checkpoints with the settings the sweep started with."""
+    from raycobo.lifecycle.trust import check_trusted
+
+    root = Path(root).resolve()
+    if not (root / SWEEP_FILE).is_file() or not (root / "tune").is_dir():
+        raise ConfigError(f"nothing to resume in {root}: no {SWEEP_FILE} and tune/ there")
+    check_trusted(root, "sweep directory", tree=True)
+    if not trust_files:
+        check_tune_files(root)
+    record = yaml.safe_load((root / SWEEP_FILE).read_text())
+    spec, base = SweepSpec.model_validate(record["spec"]), validate(record["base"])
+    return _launch(spec, base, root, record["name"], record["num_samples"], True)
+
+
+def tune_digests(root: Path) -> dict[str, str]:
+    """Digests of Tune's own files under ``root/tune`` (what Tune unpickles on restore);
+    the trials' raycobo run directories (checkpoints read with weights_only) are left out."""
+    from raycobo.lifecycle.trust import digests
+
+    return digests(root / "tune", skip=lambda p: "run" in p.relative_to(root / "tune").parts)
+
+
+def check_tune_files(root: Path) -> None:
+    """Tune's files must be those this sweep recorded when it last stopped."""
+    state = json.loads((root / STATE_FILE).read_text()) if (root / STATE_FILE).is_file() else {}
+    recorded = state.get("tune_digests")
+    if recorded is None:
+        raise ConfigError(
+            f"refusing to resume {root}: {STATE_FILE} records no digests of Tune's files (the "
+            "sweep was killed before it could write them); if you trust the directory, "
+            "resume with --trust-files"
+        )
+    now = tune_digests(root)
+    changed = sorted(k for k in set(now) | set(recorded) if now.get(k) != recorded.get(k))
+    if changed:
+        shown = ", ".join(changed[:4]) + (", ..." if len(changed) > 4 else "")
+        raise ConfigError(
+            f"refusing to resume {root}: Tune's files changed since the sweep stopped "
+            f"({shown}); Tune unpickles them, so they are trusted like code (--trust-files "
+            "resumes anyway)"
+        )
+
+
+def _launch(spec, base, root: Path, name: str, samples: int, resume: bool) -> dict:
+    """The MLflow parent, Tune's fit, and the digests of Tune's files however it ends."""
+    from ray import tune
+
+    from raycobo.engine.ray import start_ray
+    from raycobo.tracking import MLflowTracker
+
+    start_ray(base)
+    state = json.loads((root / STATE_FILE).read_text()) if (root / STATE_FILE).is_file() else {}
     parent = None
-    parent_id = None
-    state_file = root / "sweep_state.json"  # the parent MLflow run, for --resume
     if base.tracking.enabled:
         parent = MLflowTracker(base.tracking, run_name=name)
         pctx = RunContext(base, root)
-        if resume is not None and state_file.is_file():
-            pctx.resumed_mlflow_run_id = json.loads(state_file.read_text()).get("mlflow_parent")
+        pctx.resumed_mlflow_run_id = state.get("mlflow_parent") if resume else None
         parent.on_run_start(pctx)
-        parent_id = parent.run_id
-    state_file.write_text(json.dumps({"mlflow_parent": parent_id}))
+    state = {"mlflow_parent": parent.run_id if parent is not None else None}
+    (root / STATE_FILE).write_text(json.dumps(state))
     try:
-        summary = _fit(spec, base, root, name, samples, resume, parent_id, tune)
+        results = _fit(spec, base, root, samples, resume, state["mlflow_parent"], tune)
+        summary = _summarize(spec, root, name, results, state["mlflow_parent"])
     except BaseException as err:
         if parent is not None:
             status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
             with contextlib.suppress(Exception):
                 parent.on_run_end(RunContext(base, root), {"status": status})
         raise
+    finally:
+        with contextlib.suppress(OSError):
+            state["tune_digests"] = tune_digests(root)
+            (root / STATE_FILE).write_text(json.dumps(state))
     if parent is not None:
         status = "interrupted" if summary["interrupted"] else "completed"
         parent.on_run_end(RunContext(base, root), {"status": status})
-        if parent.enabled and parent.client is not None:
-            with contextlib.suppress(Exception):
-                parent.client.log_artifact(parent.run_id, str(root / "sweep_summary.json"))
+        parent.log_files([root / "sweep_summary.json"])
     summary["root"] = str(root)
     return summary
 
 
-def _unfinished_trials(path: Path) -> int:
-    """Trials of the saved experiment state that neither ended nor failed. (After a
-    Ctrl-C, Tune's live results call the stopped trials terminated; its saved state,
-    which --resume reads, keeps them pending.)"""
-    from ray.tune import ExperimentAnalysis
+def _trial_base(spec: SweepSpec, base: Config) -> Config:
+    """The base config every trial starts from: tracking locations every process finds,
+    and on the Ray engine the host layout that the trial's bundles hold."""
+    from raycobo.engine.ray import with_host_plan
+    from raycobo.tracking.mlflow_tracker import absolute_locations
 
-    trials = ExperimentAnalysis(str(path)).trials
-    return sum(t.status not in ("TERMINATED", "ERROR") for t in trials)
+    base = with_overrides(base, absolute_locations(base.tracking))
+    if base.engine.kind == "ray":
+        base = with_host_plan(base, _trial_plan(spec, base))
+    return base
 
 
-def _fit(spec, base, root: Path, name: str, samples: int, resume, parent_id, tune):
-    """Run (or restore) the Tuner; write best_config.yaml and sweep_summary.json."""
-
-    # trials must find the sqlite store and artifacts whatever their working directory
-    from raycobo.tracking.mlflow_tracker import resolve_uri
-
-    base = with_overrides(
-        base,
-        {
-            "tracking.uri": resolve_uri(base.tracking.uri),
-            "tracking.artifact_root": str(Path(base.tracking.artifact_root).resolve())
-            if "://" not in base.tracking.artifact_root
-            else base.tracking.artifact_root,
-        },
-    )
-    if base.engine.kind == "ray":  # trials place exactly the hosts their bundles hold
-        plan = _trial_plan(spec, base)
-        base = with_overrides(
-            base,
-            {
-                "engine.clients_per_actor": plan.clients_per_actor,
-                "engine.cpus_per_actor": plan.cpus_per_actor,
-            },
-        )
+def _fit(spec, base, root: Path, samples: int, resume: bool, parent_id, tune):
+    """Run (or restore) the Tuner. -> its ResultGrid"""
     trainable = tune.with_resources(trial, _resources(spec, base))
-    if resume is not None:
+    if resume:
         tuner = tune.Tuner.restore(str(root / "tune"), trainable=trainable, resume_errored=True)
     else:
         space = tune_space(spec)
@@ -251,36 +308,65 @@ def _fit(spec, base, root: Path, name: str, samples: int, resume, parent_id, tun
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=base.checkpoint.keep),
             ),
         )
-    results = tuner.fit()
+    return tuner.fit()
 
-    trials = []
+
+def _saved_statuses(path: Path) -> dict[str, tuple[str, str]]:
+    """Every trial's id and status in the saved experiment state, by its folder's name.
+    (After a Ctrl-C,
+    Tune's live results call the stopped trials terminated; its saved state, which
+    --resume reads, keeps them pending.)"""
+    from ray.tune import ExperimentAnalysis
+
+    return {Path(t.path).name: (t.trial_id, t.status) for t in ExperimentAnalysis(str(path)).trials}
+
+
+def _trial_rows(results, statuses: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    rows = []
     for r in results:
-        sampled = {k: v for k, v in (r.config or {}).items() if not k.startswith("__")}
-        metrics = {k: r.metrics.get(k) for k in (*REPORTED, "round") if r.metrics}
-        trials.append(
+        metrics = r.metrics or {}
+        live = (metrics.get("trial_id"), "TERMINATED" if r.error is None else "ERROR")
+        tid, saved = statuses.get(Path(r.path).name, live)
+        if r.error is not None or metrics.get("config_error") or saved == "ERROR":
+            status = "error"
+        elif saved == "TERMINATED":
+            status = "completed"
+        else:  # stopped before its last round (Ctrl-C, time budget)
+            status = "interrupted"
+        error = metrics.get("config_error") or (
+            str(r.error).strip().splitlines()[-1][:300] if r.error else None
+        )
+        rows.append(
             {
-                "trial_id": (r.metrics or {}).get("trial_id"),
-                "config": sampled,
-                "metrics": metrics,
-                "status": "error" if r.error else "completed",
-                "error": str(r.error).strip().splitlines()[-1][:300] if r.error else None,
+                "trial_id": tid,
+                "config": {k: v for k, v in (r.config or {}).items() if not k.startswith("__")},
+                "metrics": {k: metrics.get(k) for k in (*REPORTED, "round")},
+                "status": status,
+                "error": error,
                 "path": r.path,
             }
         )
+    return rows
+
+
+def _summarize(spec, root: Path, name: str, results, parent_id) -> dict[str, Any]:
+    """sweep_summary.json, and best_config.yaml: the config the best finished trial ran."""
+    trials = _trial_rows(results, _saved_statuses(root / "tune"))
     ok = [
         t
         for t in trials
         if t["status"] == "completed" and t["metrics"].get(spec.metric) is not None
     ]
     best = None
+    (root / "best_config.yaml").unlink(missing_ok=True)  # of an earlier, unfinished fit
     if ok:
         pick = max if spec.mode == "max" else min
         best = pick(ok, key=lambda t: t["metrics"][spec.metric])
-        best_cfg = with_overrides(base, best["config"])
+        ran = Path(best["path"]) / "run" / "config.yaml"
         (root / "best_config.yaml").write_text(
             f"# raycobo run {root / 'best_config.yaml'}\n"
-            f"# best of sweep '{name}' by {spec.metric} ({spec.mode}): "
-            f"{best['metrics'][spec.metric]}\n" + best_cfg.to_yaml()
+            f"# the config of the best finished trial of sweep '{name}' by {spec.metric} "
+            f"({spec.mode}): {best['metrics'][spec.metric]}\n" + ran.read_text()
         )
     summary = {
         "name": name,
@@ -288,11 +374,10 @@ def _fit(spec, base, root: Path, name: str, samples: int, resume, parent_id, tun
         "mode": spec.mode,
         "num_trials": len(trials),
         "failed": sum(t["status"] == "error" for t in trials),
+        "interrupted": sum(t["status"] == "interrupted" for t in trials),
         "best": best,
         "best_config": str(root / "best_config.yaml") if best else None,
         "mlflow_parent_run_id": parent_id,
-        # trials neither finished nor failed: Tune stopped (Ctrl-C) before they ended
-        "interrupted": _unfinished_trials(root / "tune") > 0,
         "trials": trials,
     }
     (root / "sweep_summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -8,7 +8,8 @@ from torch.testing import assert_close
 
 from raycobo.algorithms import evaluate
 from raycobo.algorithms.cobo import CoBo, CoBoConfig, CoBoState, penalty, update_weights
-from raycobo.data.quadratic import QuadraticOps, QuadraticProblem
+from raycobo.data.quadratic import QuadraticProblem
+from raycobo.engine.quadratic import QuadraticOps
 from tests.helpers import build, run_rounds
 
 
@@ -138,8 +139,8 @@ def test_fused_step_equals_equation_3():
 def test_sparse_w_gives_the_dense_numbers(quad_cfg):
     """Ones + the sampled entries (algorithm.weights=sparse) is the same W and the same
     models as the dense matrix; only the pairs sampled so far are stored."""
+    from raycobo.algorithms.base import cluster_agreement
     from raycobo.algorithms.sparse_weights import SparseBoxWeights
-    from raycobo.experiment import cluster_agreement
 
     common = ("data.partition.clients_per_cluster=[3,4,5]", "algorithm.sampling=constant")
     _, ops, dense = build(quad_cfg("algorithm.weights=dense", *common))
@@ -181,7 +182,7 @@ def test_sparse_w_needs_the_box_domain(quad_cfg):
 
 
 def test_a_run_beyond_the_dense_limit_writes_sparse_w(quad_cfg, tmp_path):
-    from raycobo.experiment import run_experiment
+    from raycobo.lifecycle.experiment import run_experiment
 
     cfg = quad_cfg(
         "data.partition.clients_per_cluster=[2600,2600]",
@@ -202,7 +203,7 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path):
     """Client 5 joins after 40 rounds (it starts outside), client 0 leaves after 20: the
     newcomer's W row ends up on its own cluster and its model near that cluster's
     optimum; the leaver's model stops moving and its W entries read 0."""
-    from raycobo.experiment import run_experiment
+    from raycobo.lifecycle.experiment import run_experiment
 
     cfg = quad_cfg(
         "data.partition.clients_per_cluster=[3,3]",
@@ -247,7 +248,7 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path):
 
 def test_schedules_name_their_key(quad_cfg, tmp_path):
     from raycobo.config import ConfigError
-    from raycobo.experiment import run_experiment
+    from raycobo.lifecycle.experiment import run_experiment
 
     with pytest.raises(ConfigError, match="schedule"):
         run_experiment(quad_cfg("schedule=[{round: 1, leave: [99]}]"), tmp_path / "a")

@@ -44,7 +44,8 @@ def test_e_step_is_softmax_of_ema_losses_by_hand(quad_cfg):
 
 def test_m_step_sums_weighted_gradients_received():
     """Two clients, SGD: each model moves by lr * sum_i w_ib grad ell_i(phi_b)."""
-    from raycobo.data.quadratic import QuadraticOps, QuadraticProblem
+    from raycobo.data.quadratic import QuadraticProblem
+    from raycobo.engine.quadratic import QuadraticOps
 
     p = QuadraticProblem(
         torch.tensor([[1.0, 0.0], [0.0, 2.0]]),

@@ -202,7 +202,7 @@ def test_validation_draw_without_holdout_is_refused(digits_cfg):
 
 
 def test_meta_l2c_run_exports_its_encoder_for_transfer(quad_cfg, tmp_path):
-    from raycobo.experiment import run_experiment
+    from raycobo.lifecycle.experiment import run_experiment
 
     res = run_experiment(quad_cfg("algorithm.name=meta_l2c", "rounds=4"), tmp_path / "pre")
     path = res.run_dir / "encoder.pt"

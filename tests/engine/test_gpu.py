@@ -107,7 +107,7 @@ def test_ray_hosts_on_gpu_fractions_match_the_cpu(
 def test_gpu_fractions_are_accounted_by_ray(free_gpus, digits_cfg):
     """Four hosts at a quarter each hold the whole GPU while they live: none is free."""
     from raycobo.data import load_data
-    from raycobo.engine.ray import RayRun
+    from raycobo.engine.ray import RaySession
 
     ray = free_gpus
     total = ray.cluster_resources()["GPU"]
@@ -118,7 +118,7 @@ def test_gpu_fractions_are_accounted_by_ray(free_gpus, digits_cfg):
         f"engine.gpus_per_client={total / 4}",
         f"engine.timeout_s={TIMEOUT}",
     )
-    run = RayRun(cfg, load_data(cfg).n_clients)
+    run = RaySession(cfg, load_data(cfg).n_clients)
     try:
         deadline = time.monotonic() + 10  # the resource view lags actor placement
         while ray.available_resources().get("GPU", 0.0) > 1e-6 and time.monotonic() < deadline:
@@ -126,3 +126,42 @@ def test_gpu_fractions_are_accounted_by_ray(free_gpus, digits_cfg):
         assert ray.available_resources().get("GPU", 0.0) == pytest.approx(0.0, abs=1e-6)
     finally:
         run.close()
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize(("model", "strategy"), [("cnn", "chunked"), ("resnet9", "loop")])
+def test_reduced_precision_on_cuda_agrees_with_fp32(digits_cfg, precision, model, strategy):
+    """engine.precision on the GPU: models after 4 rounds within the stated tolerance of
+    fp32 (tf32: 10-bit mantissas in the products; bf16: 8-bit), parameters in fp32."""
+    base = digits_cfg(f"model.name={model}", "engine.device=cuda", f"engine.strategy={strategy}")
+    X32, _, L32 = run_local(base, 4)
+    X, _, L = run_local(with_overrides(base, {"engine.precision": precision}), 4)
+    assert X.dtype == torch.float32
+    tol = {"tf32": {"atol": 5e-3, "rtol": 5e-2}, "bf16": {"atol": 3e-2, "rtol": 1e-1}}[precision]
+    assert_close(X.cpu(), X32.cpu(), **tol)
+    assert_close(L.cpu(), L32.cpu(), **tol)
+
+
+def test_bf16_and_channels_last_reach_fp32_accuracy_on_a_short_run(tmp_path):
+    """Accuracy parity: the quickstart's CoBo with a conv net, 150 rounds, fp32 against
+    bf16 + channels-last on the per-client loop, within two points."""
+    from raycobo.config import load_config
+    from raycobo.lifecycle.experiment import run_experiment
+
+    common = [
+        "data.name=digits",
+        "model.name=cnn",
+        "rounds=150",
+        "eval_every=50",
+        "tracking.enabled=false",
+        "engine.device=cuda",
+        "engine.strategy=loop",
+    ]
+    acc = {}
+    for label, extra in [
+        ("fp32", []),
+        ("bf16", ["engine.precision=bf16", "engine.channels_last=true"]),
+    ]:
+        cfg = load_config(None, [*common, *extra])
+        acc[label] = run_experiment(cfg, tmp_path / label).summary["mean_accuracy"]
+    assert abs(acc["bf16"] - acc["fp32"]) < 0.02, acc

@@ -279,7 +279,7 @@ def test_alignment_gradients_use_each_clients_own_data(help_root):
 
 
 def test_llm_run_reports_perplexity(help_root, tmp_path):
-    from raycobo.experiment import run_experiment
+    from raycobo.lifecycle.experiment import run_experiment
 
     res = run_experiment(
         text_cfg(help_root, "algorithm.name=local", "rounds=1", "eval_every=1"), tmp_path / "r"

@@ -10,7 +10,7 @@ from raycobo.algorithms import ALGORITHMS, build_algorithm, evaluate
 from raycobo.config import with_overrides
 from raycobo.data import load_data
 from raycobo.engine import make_local_ops
-from tests.helpers import on_engines, run_rounds, short_run
+from tests.helpers import build, on_engines, run_rounds, short_run
 
 
 @pytest.fixture
@@ -195,7 +195,7 @@ def test_auto_strategy_per_model_and_device(digits_cfg):
 
 def test_ten_thousand_clients_with_default_hyperparameters(tmp_path, quad_cfg):
     """rho: auto keeps the penalty step stable at any n (W^0 = 1 sums over n - 1)."""
-    from raycobo.experiment import run_experiment
+    from raycobo.lifecycle.experiment import run_experiment
 
     cfg = quad_cfg(
         "data.partition.num_clusters=4",
@@ -213,12 +213,68 @@ def test_ten_thousand_clients_with_default_hyperparameters(tmp_path, quad_cfg):
 
 def test_an_unstable_explicit_rho_is_refused(quad_cfg):
     from raycobo.config import ConfigError
-    from raycobo.experiment import build_run
+    from raycobo.engine import open_session
 
     cfg = quad_cfg("data.partition.clients_per_cluster=20", "algorithm.rho=0.3")  # n = 80
-    ops, algo = build_run(cfg)
+    session, _ = open_session(cfg)
     with pytest.raises(ConfigError, match=r"'algorithm.rho'.*algorithm.lr \* algorithm.rho \* n"):
-        algo.init(ops)
+        session.start()
     ok = with_overrides(cfg, {"algorithm.rho": "auto"})
-    ops, algo = build_run(ok)
-    assert algo.penalty(80) == pytest.approx(1 / (0.1 * 80))
+    session, _ = open_session(ok)
+    assert session.algorithm.penalty(80) == pytest.approx(1 / (0.1 * 80))
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_bf16_autocast_stays_close_to_fp32_and_keeps_fp32_state(digits_cfg, model):
+    """engine.precision=bf16: the passes in bfloat16 (CPU autocast here), the models,
+    W and gradients in float32; the numbers stay near fp32's (a short run)."""
+    from raycobo.engine import LocalSession
+
+    out = {}
+    for precision in ("fp32", "bf16"):
+        cfg = digits_cfg(f"model.name={model}", f"engine.precision={precision}", "rounds=4")
+        _, ops, algo = build(cfg)
+        assert ops.execution.precision == precision
+        session = LocalSession(algo, ops)
+        session.start()
+        for t in range(4):
+            session.round(t)
+        out[precision] = (session.models(), session.evaluate().loss)
+    X32, L32 = out["fp32"]
+    X16, L16 = out["bf16"]
+    assert X16.dtype == torch.float32 and L16.dtype == torch.float32
+    assert not torch.equal(X16, X32)  # bf16 really ran
+    torch.testing.assert_close(X16, X32, atol=2e-2, rtol=5e-2)
+    torch.testing.assert_close(L16, L32, atol=5e-2, rtol=5e-2)
+
+
+def test_channels_last_on_the_loop_gives_the_loops_numbers(digits_cfg):
+    """NHWC weights and inputs on the per-client loop compute the same functions."""
+    states = []
+    for layout in ("false", "true"):
+        cfg = digits_cfg("model.name=cnn", "engine.kind=loop", f"engine.channels_last={layout}")
+        _, ops, algo = build(cfg)
+        states.append(run_rounds(algo, ops, 3))
+    torch.testing.assert_close(states[0].X, states[1].X, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["engine.precision=tf32"], "tf32 is a CUDA format"),
+        (["engine.channels_last=true"], "the model has no convolution"),
+        (
+            ["model.name=cnn", "engine.strategy=chunked", "engine.channels_last=true"],
+            "per-client loop",
+        ),
+        (["data.name=quadratic", "engine.precision=bf16"], "not to data.name=quadratic"),
+    ],
+)
+def test_precision_and_layout_settings_that_would_do_nothing_are_refused(
+    digits_cfg, overrides, needle
+):
+    from raycobo.config import ConfigError
+
+    cfg = digits_cfg(*overrides)
+    with pytest.raises(ConfigError, match=needle):
+        build(cfg)

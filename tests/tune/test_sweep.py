@@ -135,13 +135,46 @@ def test_a_sweep_can_be_resumed_from_its_directory(tmp_path):
     res = CliRunner().invoke(app, [*base, "--out", str(out)])
     assert res.exit_code == 0, res.output
     first = json.loads((out / "sweep_summary.json").read_text())
-    res = CliRunner().invoke(app, [*base, "--resume", str(out)])
+    res = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
     assert res.exit_code == 0, res.output
     again = json.loads((out / "sweep_summary.json").read_text())
     assert again["num_trials"] == first["num_trials"] == 2
     assert again["best"]["config"] == first["best"]["config"]
-    res = CliRunner().invoke(app, [*base, "--resume", str(tmp_path / "nothing")])
-    assert res.exit_code != 0 and "nothing to resume" in res.stderr
+    res = CliRunner().invoke(app, ["sweep", "--resume", str(tmp_path / "nothing")])
+    assert res.exit_code == 2 and "nothing to resume" in res.stderr
+    res = CliRunner().invoke(app, [*base, "--resume", str(out)])
+    assert res.exit_code == 2 and "takes everything from the sweep's directory" in res.stderr
+
+
+def test_a_planted_tune_file_or_a_shared_directory_is_not_resumed(tmp_path):
+    """Tune unpickles its state on restore, so a sweep directory is trusted like code: a
+    file swapped in (here a tuner.pkl whose unpickling would run a command) or a
+    directory other users can write is refused before Tune sees it."""
+    import os
+    import pickle
+
+    path = write(tmp_path, "  algorithm.rho: {grid: [0.01]}")
+    out = tmp_path / "sw"
+    res = CliRunner().invoke(app, ["sweep", str(path), "tracking.enabled=false", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    real = (out / "tune" / "tuner.pkl").read_bytes()
+    (out / "tune" / "tuner.pkl").write_bytes(pickle.dumps(Evil()))
+    res = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
+    assert res.exit_code == 2 and "Tune's files changed" in res.stderr and "tuner.pkl" in res.stderr
+    assert not marker.exists()
+    (out / "tune" / "tuner.pkl").write_bytes(real)
+    os.chmod(out / "tune", 0o777)
+    res = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
+    assert res.exit_code == 2 and "writable by other users" in res.stderr
+    os.chmod(out / "tune", 0o755)
+    res = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
+    assert res.exit_code == 0, res.output
 
 
 def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(tmp_path):
@@ -155,7 +188,7 @@ def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(tmp_path
     import time
     from pathlib import Path
 
-    from raycobo.experiment import run_experiment
+    from raycobo.lifecycle.experiment import run_experiment
 
     space = SPACE.replace("rounds: 40", "rounds: 3000").replace("eval_every: 10", "eval_every: 100")
     path = tmp_path / "space.yaml"
@@ -181,9 +214,17 @@ def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(tmp_path
         if t.status not in ("TERMINATED", "ERROR")
     }
     assert unfinished
-    res = subprocess.run(
-        [*cmd, "--resume", str(out)], capture_output=True, text=True, timeout=300, env=os.environ
+    assert f"raycobo sweep --resume {out}" in err  # complete: nothing else to give
+    stopped = json.loads((out / "sweep_summary.json").read_text())
+    assert stopped["interrupted"] >= 1
+    assert all(t["status"] in ("interrupted", "completed") for t in stopped["trials"])
+    assert all(
+        t["status"] == "interrupted" for t in stopped["trials"] if t["metrics"].get("round") != 3000
     )
+    if stopped["best"] is not None:  # only a finished trial can be the best
+        assert stopped["best"]["status"] == "completed"
+    resume = [sys.executable, "-m", "raycobo.cli", "sweep", "--resume", str(out)]
+    res = subprocess.run(resume, capture_output=True, text=True, timeout=300, env=os.environ)
     assert res.returncode == 0, res.stderr
     runs = {
         p.parents[1].name: json.loads(p.read_text()) for p in out.glob("tune/*/run/summary.json")
@@ -195,7 +236,35 @@ def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(tmp_path
     assert summary["num_trials"] == 2 and summary["failed"] == 0
     # the same numbers as the trial's config run straight through
     best = load_config(out / "best_config.yaml")
+    assert best.rounds == 3000 and best.algorithm.rho == summary["best"]["config"]["algorithm.rho"]
     straight = run_experiment(best, tmp_path / "straight")
     assert straight.summary["mean_loss"] == pytest.approx(
         summary["best"]["metrics"]["mean_loss"], rel=1e-6
     )
+
+
+def test_a_plugin_method_is_swept_over_its_own_key(tmp_path):
+    """A fresh process sweeps FedProx's mu (a key no built-in has): the trials run in
+    Ray workers that get the plugin module from the sweep's runtime environment."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    shutil.copy(repo / "examples" / "plugins" / "fedprox.py", folder / "fp_sweep.py")
+    space = SPACE.replace("algorithm: {{name: cobo}}", "algorithm: {{name: 'fp_sweep:FedProx'}}")
+    space = space.replace("rounds: 40", "rounds: 6").replace("eval_every: 10", "eval_every: 3")
+    space = space.replace("base:\n", f"base:\n  plugin_paths: [{folder}]\n")
+    path = tmp_path / "space.yaml"
+    path.write_text(space.format(space="  algorithm.mu: {grid: [0.0, 0.5]}"))
+    out = tmp_path / "sw"
+    cmd = [sys.executable, "-m", "raycobo", "sweep", str(path), "tracking.enabled=false"]
+    res = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads((out / "sweep_summary.json").read_text())
+    assert summary["failed"] == 0 and summary["num_trials"] == 2
+    assert sorted(t["config"]["algorithm.mu"] for t in summary["trials"]) == [0.0, 0.5]
+    assert load_config(out / "best_config.yaml").algorithm.name == "fp_sweep:FedProx"

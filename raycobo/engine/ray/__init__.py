@@ -7,21 +7,24 @@
   ``cpus_per_actor`` CPUs. Its clients' data comes from the driver through the object
   store (the driver loads the data set once and keeps the objects for the whole run),
   so a restarted host (Ray's ``max_restarts``) serves the same batches as before.
-- ``Coordinator`` (actor) owns the algorithm state (models, W), the edge sampler and the
-  round counter. Each round it runs the algorithm, which asks for the alignment
-  gradients of the sampled edges and the model-step gradients; the coordinator sends
-  each host only the points of its own clients through the object store, in parallel.
-  The driver receives round statistics, evaluations and W -- never a model.
-- ``engine.resident`` (CoBo): the hosts keep their clients' models and W rows; a round
-  is two calls per host (``res_grads``, ``res_update``) that read each other's
-  gradients and published models through the object store, and rounds are pipelined
-  one ahead. The coordinator sends indices and keeps a copy of W from the scores.
+- ``Coordinator`` (actor) owns the algorithm through one round policy, chosen at start:
+  ``SyncRounds`` runs the algorithm's own round, which asks for the alignment gradients
+  of the sampled edges and the model-step gradients (the coordinator sends each host
+  only the points of its own clients through the object store, in parallel);
+  ``StaleRounds`` lets CoBo's alignment results arrive up to ``engine.staleness`` rounds
+  late; ``ResidentRounds`` (``engine.resident``, CoBo): the hosts
+  (``ResidentHostImpl``) keep their clients' models and W rows, a round is two calls per
+  host (``res_grads``, ``res_update``) that read each other's gradients and published
+  models through the object store, rounds are pipelined one ahead, and the coordinator
+  sends indices and keeps a copy of W from the scores.
+- ``RaySession`` (driver): places hosts and coordinator and answers the run loop; the
+  driver receives round statistics, evaluations and W -- never a model.
 
 Minibatches and noise are hashes of (seed, round, global client id, stream, salt), so
 the same config gives the same numbers as the local engine.
 """
 
-from raycobo.engine.ray.layout import HostPlan, host_layout, plan_hosts, start_ray
-from raycobo.engine.ray.run import RayRun, make_ray_run
+from raycobo.engine.ray.layout import HostPlan, host_layout, plan_hosts, start_ray, with_host_plan
+from raycobo.engine.ray.session import RaySession
 
-__all__ = ["HostPlan", "RayRun", "host_layout", "make_ray_run", "plan_hosts", "start_ray"]
+__all__ = ["HostPlan", "RaySession", "host_layout", "plan_hosts", "start_ray", "with_host_plan"]

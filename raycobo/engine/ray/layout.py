@@ -7,21 +7,87 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from raycobo.config import Config
 
 
+def plugin_runtime_env(cfg: Config) -> dict | None:
+    """The runtime environment that ships a config's plugin modules (a method, data set
+    or model named by import path or entry point) to Ray's workers: Ray uploads each
+    module (a package folder or one .py file) and puts it on the workers' path, on this
+    machine and on a cluster alike. None when the config names no plugin."""
+    from raycobo.registry import plugin_modules
+
+    mods = plugin_modules([cfg.algorithm.name, cfg.data.name, cfg.model.name])
+    return {"py_modules": mods} if mods else None
+
+
+def plugin_options(cfg: Config) -> dict:
+    """Actor/task options that give a worker the config's plugins (empty: none)."""
+    env = plugin_runtime_env(cfg)
+    return {"runtime_env": env} if env else {}
+
+
+def _address_of(address: str) -> tuple[str, int] | None:
+    """(host, port) that ``engine.address`` connects to; None where Ray finds it itself
+    and no cluster is known (``auto`` without a running head)."""
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS", "")
+        if not address:
+            current = Path("/tmp/ray/ray_current_cluster")
+            address = current.read_text().strip() if current.is_file() else ""
+        if not address:
+            return None
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        rest, scheme = address, ""
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        return (rest, 10001) if scheme == "ray" else None
+    return host, int(port)
+
+
+def check_reachable(address: str, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for ``engine.address`` to accept a connection; stop with
+    one line naming the key instead of Ray's endless reconnection warnings."""
+    import socket
+
+    target = _address_of(address)
+    if target is None:
+        return  # "auto" with nothing to look at: ray.init says so itself, at once
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(target, timeout=min(5.0, timeout_s)):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                from raycobo.config import ConfigError
+
+                raise ConfigError(
+                    f"invalid config key 'engine.address': {address} ({target[0]}:{target[1]}) "
+                    f"did not answer within engine.connect_timeout_s={timeout_s:g} s "
+                    f"({err.strerror or err}); is the cluster's head running?"
+                ) from None
+            time.sleep(1.0)
+
+
 def start_ray(cfg: Config) -> None:
     """Connect to ``engine.address``, or start a local Ray bound to 127.0.0.1 with no
-    dashboard (Ray >= 2.5x otherwise picks the network interface's address)."""
+    dashboard (Ray >= 2.5x otherwise picks the network interface's address). A Ray
+    started here ships the config's plugin modules to every worker (tasks and actors,
+    Tune's trials included)."""
     if cfg.engine.address is None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     if ray.is_initialized():
         return
+    env = plugin_runtime_env(cfg)
     if cfg.engine.address is not None:
-        ray.init(address=cfg.engine.address, log_to_driver=False)
+        check_reachable(cfg.engine.address, cfg.engine.connect_timeout_s)
+        ray.init(address=cfg.engine.address, log_to_driver=False, runtime_env=env)
         return
     from ray._private import ray_constants
 
@@ -36,6 +102,7 @@ def start_ray(cfg: Config) -> None:
         log_to_driver=False,
         configure_logging=True,
         logging_level="warning",
+        runtime_env=env,
     )
 
 
@@ -108,6 +175,20 @@ def plan_hosts(
             " (leave clients_per_actor/cpus_per_actor at auto, or change them)"
         )
     return plan
+
+
+def with_host_plan(cfg: Config, plan: HostPlan) -> Config:
+    """``cfg`` with its ``auto`` layout keys resolved to ``plan`` (what the hosts, a sweep's
+    trial bundles and the summary's config see)."""
+    from raycobo.config import with_overrides
+
+    return with_overrides(
+        cfg,
+        {
+            "engine.clients_per_actor": plan.clients_per_actor,
+            "engine.cpus_per_actor": plan.cpus_per_actor,
+        },
+    )
 
 
 def instance_resources() -> tuple[dict[str, float], dict[str, float]]:

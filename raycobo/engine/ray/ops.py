@@ -40,7 +40,7 @@ class RayClientOps:
         for h, block in enumerate(layout):
             self.owner[block] = h
             self.local[block] = torch.arange(len(block))
-        infos = self._get([h.info.remote() for h in hosts])
+        infos = self.get([h.info.remote() for h in hosts])
         self.dim = infos[0]["dim"]
         self._sizes = torch.cat([i["sizes"] for i in infos])
         self._layout = [tuple(b) for b in infos[0]["layout"]]
@@ -54,7 +54,8 @@ class RayClientOps:
         self.critical_compute_s = 0.0  # per call, the slowest host's compute, summed
 
     # -- plumbing ----------------------------------------------------------------------
-    def _get(self, refs):
+    def get(self, refs):
+        """``ray.get`` bounded by ``engine.timeout_s``."""
         return self.ray.get(refs, timeout=self.timeout_s)
 
     def _call(self, method: str, per_host: dict[int, tuple]) -> dict[int, Any]:
@@ -70,7 +71,7 @@ class RayClientOps:
             for h, ref in refs.items():
                 t1 = time.perf_counter()
                 try:
-                    out[h] = self._get(ref)
+                    out[h] = self.get(ref)
                 except actor_lost() as err:
                     failed[h] = pending[h]
                     self.events.append(
@@ -159,9 +160,9 @@ class RayClientOps:
         res = self._call(
             "grads", {h: (loc, z, round, st, s) for h, (_, loc, z, s, st) in parts.items()}
         )
-        return self._gather_grads(m, Z.dtype, parts, res)
+        return self.gather_grads(m, Z.dtype, parts, res)
 
-    def _gather_grads(self, m: int, dtype, parts: dict, res: dict):
+    def gather_grads(self, m: int, dtype, parts: dict, res: dict):
         """Per-host (G, losses) answers back into request order. -> (G (m, d), L (m,))"""
         G = torch.empty(m, self.dim, dtype=dtype)
         L = torch.empty(m, dtype=dtype)
@@ -199,7 +200,7 @@ class RayClientOps:
         m = clients.numel()
         parts = self._live(self._split(clients, Z))
         res = self._call("evaluate", {h: (loc, z) for h, (_, loc, z) in parts.items()})
-        return self._gather_eval(m, parts, res)
+        return gather_evaluation(m, parts, res)
 
     def evaluate_mixture(self, clients, Z, weights) -> Evaluation:
         m = clients.numel()
@@ -207,20 +208,22 @@ class RayClientOps:
         res = self._call(
             "evaluate_mixture", {h: (loc, z, w) for h, (_, loc, z, w) in parts.items()}
         )
-        return self._gather_eval(m, parts, res)
+        return gather_evaluation(m, parts, res)
 
-    @staticmethod
-    def _gather_eval(m: int, parts, res) -> Evaluation:
-        loss = torch.full((m,), float("nan"))
-        acc = torch.full((m,), float("nan"))
-        has_acc = True
-        for h, (mask, *_rest) in parts.items():
-            loss[mask] = torch.from_numpy(res[h][0])
-            if res[h][1] is None:
-                has_acc = False
-            else:
-                acc[mask] = torch.from_numpy(res[h][1])
-        return Evaluation(loss=loss, accuracy=acc if has_acc else None)
+
+def gather_evaluation(m: int, parts: dict, answers: dict) -> Evaluation:
+    """Per-host (loss, accuracy) answers back into request order: ``parts[h][0]`` is the
+    mask of host h's rows; rows of hosts that gave no answer read NaN."""
+    loss = torch.full((m,), float("nan"))
+    acc = torch.full((m,), float("nan"))
+    has_acc = True
+    for h, (mask, *_rest) in parts.items():
+        loss[mask] = torch.from_numpy(answers[h][0])
+        if answers[h][1] is None:
+            has_acc = False
+        else:
+            acc[mask] = torch.from_numpy(answers[h][1])
+    return Evaluation(loss=loss, accuracy=acc if has_acc else None)
 
 
 class AsyncGrads:
@@ -238,7 +241,7 @@ class AsyncGrads:
         from ray.exceptions import RayActorError
 
         try:
-            res = {h: self.ops._get(ref)[0] for h, ref in self.refs.items()}  # drop timing
+            res = {h: self.ops.get(ref)[0] for h, ref in self.refs.items()}  # drop timing
         except RayActorError:
             return self.ops.grads(*self.request)[0]
-        return self.ops._gather_grads(self.request[0].numel(), self.dtype, self.parts, res)[0]
+        return self.ops.gather_grads(self.request[0].numel(), self.dtype, self.parts, res)[0]

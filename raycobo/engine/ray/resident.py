@@ -1,6 +1,7 @@
-"""Host-resident CoBo (``engine.resident``): the coordinator's side of the two-phase,
-pipelined rounds in which models and alignment gradients go host to host and only W rows,
-indices and scores pass through the coordinator."""
+"""Host-resident CoBo (``engine.resident``): the coordinator's round policy for the
+two-phase, pipelined rounds in which models and alignment gradients go host to host and
+only W rows, indices and scores pass through the coordinator (the hosts' side is
+``resident_host.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from raycobo.algorithms.base import Evaluation
 from raycobo.engine.ray.errors import HostStateLost, actor_lost
+from raycobo.engine.ray.ops import RayClientOps, gather_evaluation
+from raycobo.engine.ray.policies import RoundTiming
+from raycobo.state import state_tree
 
 
 @dataclass
@@ -26,6 +31,36 @@ class _Pending:
     blocks_after: list  # every host's block after the round
 
 
+@dataclass
+class _Endpoints:
+    """The 2E endpoint occurrences of a round's edges, grouped by the host that holds
+    them: (client, partner) pairs; ``pos`` is each occurrence's row in its host's phase-1
+    answer (i-endpoints first, then j-endpoints)."""
+
+    client: torch.Tensor  # (2E,)
+    partner: torch.Tensor  # (2E,)
+    order: torch.Tensor  # (2E,) occurrences sorted by host
+    starts: torch.Tensor  # (H,)
+    counts: torch.Tensor  # (H,)
+    pos: torch.Tensor  # (2E,)
+
+    @classmethod
+    def of(cls, edges: torch.Tensor, owner: torch.Tensor, H: int) -> _Endpoints:
+        i, j = edges[:, 0], edges[:, 1]
+        client, partner = torch.cat([i, j]), torch.cat([j, i])
+        host = owner[client]
+        order = torch.argsort(host, stable=True)
+        counts = torch.bincount(host, minlength=H)
+        starts = torch.cumsum(counts, 0) - counts
+        pos = torch.empty(client.numel(), dtype=torch.int64)
+        pos[order] = torch.arange(client.numel()) - starts[host[order]]
+        return cls(client, partner, order, starts, counts, pos)
+
+    def of_host(self, h: int) -> tuple[torch.Tensor, torch.Tensor]:
+        sel = self.order[self.starts[h] : self.starts[h] + self.counts[h]]
+        return self.client[sel], self.partner[sel]
+
+
 def _addresses(sources: list[int], hosts: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
     """(k, 2) rows as (position of the host in ``sources``, row in that host's array):
     how a host finds rows among the arrays passed to it."""
@@ -35,9 +70,104 @@ def _addresses(sources: list[int], hosts: torch.Tensor, rows: torch.Tensor) -> n
 
 
 class ResidentRounds:
-    """The resident policy of the coordinator (mixed into CoordinatorImpl)."""
+    """CoBo with host-resident models: the coordinator keeps W (a copy, from the scores
+    the hosts return), the present clients and references to the hosts' published
+    models; each round is submitted one ahead."""
 
-    def _resident_round_with_restarts(self, t: int) -> dict[str, float]:
+    def __init__(self, algo, ops: RayClientOps, timing: RoundTiming, rounds: int):
+        self.algo, self.ops, self.timing, self.rounds = algo, ops, timing, rounds
+        self.W: torch.Tensor | None = None
+        self.active: torch.Tensor | None = None  # present clients (None: all)
+        self.blocks: list = []  # every host's published models, x^t (object references)
+        self.ahead: _Pending | None = None  # the next round, already submitted
+        self.rolled_back = 0  # rounds submitted ahead and discarded (membership changed)
+        self.phase_s = [0.0, 0.0]  # slowest host's phase-1 / phase-2 compute
+        self.blocks_read = [0, 0]  # host model blocks read by steps, of H * H
+
+    def start(self) -> None:
+        from raycobo.algorithms.cobo import initial_weights
+
+        ops = self.ops
+        x0 = ops.initial_params().numpy()
+        self.algo.penalty(ops.n_clients)  # an unstable explicit rho stops here
+        self.W = initial_weights(ops.n_clients, self.algo.cfg.domain)
+        ops.get(
+            [
+                h.res_init.remote(x0, self.W[rows].numpy())
+                for h, rows in zip(ops.hosts, ops.layout, strict=True)
+            ]
+        )
+        self.blocks = [h.res_block.remote() for h in ops.hosts]  # x^0 published
+
+    def restore(self, tree: dict[str, Any]) -> None:
+        res = tree["resident"]
+        self.ahead = None
+        self.W, self.active = res["W"].clone(), res["active"]
+        X = res["X"]
+        self.blocks = [self.ops.ray.put(X[rows].numpy()) for rows in self.ops.layout]
+        self._load_hosts(self.blocks)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The committed state: the hosts' published models, W and the present clients."""
+        return {
+            "resident": {"X": self.models(), "W": self.W.clone(), "active": state_tree(self.active)}
+        }
+
+    def _state(self):
+        """W and membership as a CoBoState (the models stay in the hosts)."""
+        from raycobo.algorithms.cobo import CoBoState
+
+        return CoBoState(torch.empty(self.ops.n_clients, 0), self.W, self.active)
+
+    def evaluate(self) -> Evaluation:
+        """The committed models of the live hosts; dropped clients read NaN. A round
+        submitted ahead is finished first (its time is the round's, not the evaluation's)."""
+        ops = self.ops
+        if self.ahead is not None:
+            t0 = time.perf_counter()
+            refs = [r for r, _ in self.ahead.steps.values()]
+            ops.ray.wait(refs, num_returns=len(refs))
+            self.timing.ahead_wait_s += time.perf_counter() - t0
+        live = ops.live_hosts()
+        res = ops.get([ops.hosts[h].res_evaluate.remote(self.blocks[h]) for h in live])
+        parts = {h: (torch.tensor(ops.layout[h]),) for h in live}
+        return gather_evaluation(ops.n_clients, parts, dict(zip(live, res, strict=True)))
+
+    def models(self) -> torch.Tensor:
+        blocks = self.ops.get(list(self.blocks))
+        return torch.cat([torch.from_numpy(np.array(b)) for b in blocks])
+
+    def collaboration(self) -> torch.Tensor | None:
+        return self.algo.collaboration(self._state()).clone()
+
+    def artifacts(self) -> dict[str, Any]:
+        return {}
+
+    def change_membership(self, kind: str, clients: list[int]) -> None:
+        """W rows and columns change: the round ahead is rolled back and every host
+        gets its new rows."""
+        self._roll_back()
+        algo = self.algo
+        state = (algo.join if kind == "join" else algo.leave)(self._state(), clients)
+        self.W, self.active = state.W, state.active
+        self._load_hosts(None)
+
+    def drop(self, clients: list[int], t: int) -> None:
+        """Clients of dead hosts leave (W rows and columns as for a schedule leave)."""
+        state = self.algo.leave(self._state(), clients)
+        self.W, self.active = state.W, state.active
+        self.ops.events.append({"event": "clients_dropped", "round": t, "clients": clients})
+
+    def report(self) -> dict[str, Any]:
+        read, of = self.blocks_read
+        return {
+            "rounds_rolled_back": self.rolled_back,
+            "resident_phase_seconds": self.phase_s,
+            # the share of the hosts' published models that steps read (w_ik > 0)
+            "step_blocks_read": read / of if of else None,
+        }
+
+    def round(self, t: int) -> dict[str, float]:
         """A resident round, pipelined: round t+1 is submitted before round t is
         collected (its inputs are round t's published blocks, still references), so the
         hosts find their next calls queued and the coordinator's and driver's latency
@@ -87,10 +217,7 @@ class ResidentRounds:
         if not dead:
             return  # a passing failure: the round is retried with every host
         ops.dead |= set(dead)
-        clients = sorted(c for h in dead for c in ops.layout[h])
-        state = self.algo.leave(self._resident_state(), clients)
-        self.W, self.active = state.W, state.active
-        ops.events.append({"event": "clients_dropped", "round": t, "clients": clients})
+        self.drop(sorted(c for h in dead for c in ops.layout[h]), t)
 
     def _roll_back(self) -> None:
         """Discard the round submitted ahead: hosts return to the committed models and W."""
@@ -103,7 +230,7 @@ class ResidentRounds:
         """Every live host gets its W rows from the coordinator's W, and its models from
         ``blocks`` (None: it keeps them)."""
         ops = self.ops
-        ops._get(
+        ops.get(
             [
                 ops.hosts[h].res_load.remote(
                     None if blocks is None else blocks[h], self.W[ops.layout[h]].numpy()
@@ -139,73 +266,63 @@ class ResidentRounds:
         This submits round t from ``blocks`` (default: the committed x^t); with
         ``pending_edges`` (round t-1's, not collected yet) W may still change on those
         pairs, so their hosts count as linked. ``_collect`` waits for the round."""
-        algo, ops, c = self.algo, self.ops, self.algo.cfg
-        hosts, n, H = ops.hosts, ops.n_clients, len(ops.hosts)
-        owner, local = ops.owner, ops.local
+        ops, n, H = self.ops, self.ops.n_clients, len(self.ops.hosts)
         t0 = time.perf_counter()
-        edges, members = algo.sample_edges(self.active, t, n)
-        E = edges.shape[0]
-        i, j = edges[:, 0], edges[:, 1]
-        # the 2E endpoint occurrences, grouped by host: (client, partner); pos = the row of
-        # the occurrence's gradient in its host's phase-1 answer
-        client, partner = torch.cat([i, j]), torch.cat([j, i])
-        occ_host = owner[client]
-        order = torch.argsort(occ_host, stable=True)
-        counts = torch.bincount(occ_host, minlength=H)
-        starts = torch.cumsum(counts, 0) - counts
-        pos = torch.empty(2 * E, dtype=torch.int64)
-        pos[order] = torch.arange(2 * E) - starts[occ_host[order]]
-        hi, hj = owner[i], owner[j]
-        present = None if self.active is None else self.active.numpy()
+        edges, members = self.algo.sample_edges(self.active, t, n)
+        ends = _Endpoints.of(edges, ops.owner, H)
         blocks = self.blocks if blocks is None else blocks
         W_host = self._host_links(edges, pending_edges)  # (H, H): h reads k's models
         self.blocks_read[0] += int(W_host.sum())
         self.blocks_read[1] += H * H
-        mem_host = owner[members]
         live = ops.live_hosts()  # dropped hosts hold no present client
-        grads: dict[int, Any] = {}
-        steps: dict[int, tuple] = {}
-        for h in live:
-            sel = order[starts[h] : starts[h] + counts[h]]
-            cl, pa = client[sel], partner[sel]
-            need = sorted(set(owner[pa].tolist()) | {h})  # blocks of the partners
-            at = _addresses(need, owner[pa], local[pa])
-            grads[h] = hosts[h].res_grads.remote(
-                t,
-                local[cl].numpy(),
-                at,
-                pa.numpy(),
-                local[members[mem_host == h]].numpy(),
-                *(blocks[k] for k in need),
-            )
-        for h in live:
-            e = torch.nonzero((hi == h) | (hj == h)).flatten()
-            # phase-1 answers read (its own always: phase 2 must follow this round's phase 1)
-            src = sorted(set(hi[e].tolist()) | set(hj[e].tolist()) | {h})
-            at_i = _addresses(src, hi[e], pos[e])
-            at_j = _addresses(src, hj[e], pos[E + e])
-            linked = torch.nonzero(W_host[h]).flatten().tolist()
-            linked_blocks = [x for k in linked for x in (k, blocks[k])]
-            steps[h] = (
-                hosts[h]
-                .res_update.options(num_returns=2)
-                .remote(
-                    edges[e].numpy(),
-                    at_i,
-                    at_j,
-                    (hi[e] == h).numpy(),
-                    present,
-                    (c.lr, algo.penalty(n), c.gamma, c.domain),
-                    len(src),
-                    *(grads[k] for k in src),
-                    *linked_blocks,
-                )
-            )
+        grads = {h: self._phase1(h, t, ends, members, blocks) for h in live}
+        steps = {h: self._phase2(h, edges, ends, grads, W_host, blocks) for h in live}
         ops.coordination_s += time.perf_counter() - t0
         after = list(blocks)  # x^{t+1}: the live hosts' new blocks, the dropped hosts' last
         for h, (_, block) in steps.items():
             after[h] = block
         return _Pending(t, edges, members.numel(), steps, after)
+
+    def _phase1(self, h: int, t: int, ends: _Endpoints, members: torch.Tensor, blocks: list):
+        """Host h's gradients at its clients' midpoints and models (``res_grads``)."""
+        owner, local = self.ops.owner, self.ops.local
+        cl, pa = ends.of_host(h)
+        need = sorted(set(owner[pa].tolist()) | {h})  # blocks of the partners
+        return self.ops.hosts[h].res_grads.remote(
+            t,
+            local[cl].numpy(),
+            _addresses(need, owner[pa], local[pa]),
+            pa.numpy(),
+            local[members[owner[members] == h]].numpy(),
+            *(blocks[k] for k in need),
+        )
+
+    def _phase2(self, h, edges, ends: _Endpoints, grads: dict, W_host, blocks: list) -> tuple:
+        """Host h's Eq. (1) on its W rows and Eq. (3) over the models it weighs
+        (``res_update``): both endpoints' phase-1 gradients read host to host."""
+        algo, c, E = self.algo, self.algo.cfg, edges.shape[0]
+        hi, hj = self.ops.owner[edges[:, 0]], self.ops.owner[edges[:, 1]]
+        e = torch.nonzero((hi == h) | (hj == h)).flatten()
+        # phase-1 answers read (its own always: phase 2 must follow this round's phase 1)
+        src = sorted(set(hi[e].tolist()) | set(hj[e].tolist()) | {h})
+        linked = torch.nonzero(W_host[h]).flatten().tolist()
+        present = None if self.active is None else self.active.numpy()
+        hyper = (c.lr, algo.penalty(self.ops.n_clients), c.gamma, c.domain, c.alignment)
+        return (
+            self.ops.hosts[h]
+            .res_update.options(num_returns=2)
+            .remote(
+                edges[e].numpy(),
+                _addresses(src, hi[e], ends.pos[e]),
+                _addresses(src, hj[e], ends.pos[E + e]),
+                (hi[e] == h).numpy(),
+                present,
+                hyper,
+                len(src),
+                *(grads[k] for k in src),
+                *[x for k in linked for x in (k, blocks[k])],
+            )
+        )
 
     def _collect(self, p: _Pending) -> dict[str, float]:
         """Wait for a submitted round; commit its models (the published blocks, also the
@@ -214,7 +331,7 @@ class ResidentRounds:
 
         ops, c, E = self.ops, self.algo.cfg, p.edges.shape[0]
         hosts = list(p.steps)
-        results = ops._get([p.steps[h][0] for h in hosts])
+        results = ops.get([p.steps[h][0] for h in hosts])
         self.blocks = p.blocks_after  # x^{t+1}
         hi = ops.owner[p.edges[:, 0]]
         scores = torch.zeros(E)

@@ -1,35 +1,29 @@
-"""Algorithm state as plain data, and checkpoint files written atomically.
+"""Algorithm state as plain data, and back.
 
 An algorithm's state is a dataclass of tensors, numbers and a few torch objects (an
 ``nn.Module`` such as meta-L2C's encoder, an optimizer such as L2C's Adam).
 :func:`state_tree` turns it into nested dicts and lists of tensors and numbers, which
 ``torch.load(weights_only=True)`` reads back without running code from the file;
 :func:`load_into` puts such a tree back into a freshly initialised state of the same
-algorithm (the template), so classes never have to be named in the file. Trainable
+algorithm (the template), so classes never have to be named in a file. Trainable
 tensors (leaves that require grad) are copied in place, so an optimizer that holds the
 template's parameters keeps pointing at the restored ones; every other tensor is new.
 
-Checkpoint files (``checkpoints/round_000120.pt``) are written to a temporary name in the
-same folder and renamed, so a crash leaves either the old file or the new one.
+Sessions (``raycobo.engine.session``) snapshot and restore their state with these; the
+checkpoint files that hold the trees are ``raycobo.lifecycle.checkpoint``'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-FORMAT = 1
-_NAME = re.compile(r"^round_(\d{6,})\.pt$")
-
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that does not fit the run it is loaded into."""
+    """A saved state that does not fit the run it is loaded into (or an unreadable file)."""
 
 
 def state_tree(obj: Any) -> Any:
@@ -74,11 +68,19 @@ def load_into(template: Any, tree: Any, where: str = "state") -> Any:
         if not isinstance(tree, dict) or tree.get("__dataclass__") != name:
             got = tree.get("__dataclass__") if isinstance(tree, dict) else type(tree).__name__
             raise CheckpointError(f"{where}: the checkpoint holds a {got}, the run a {name}")
-        values = {
-            f.name: load_into(
-                getattr(template, f.name), tree["fields"][f.name], f"{where}.{f.name}"
-            )
+        saved = tree["fields"]
+        missing = [
+            f.name
             for f in dataclasses.fields(template)
+            if f.name not in saved and getattr(template, f.name) is not None
+        ]
+        if missing:
+            raise CheckpointError(f"{where}: the checkpoint has no {', '.join(missing)}")
+        values = {
+            f.name: load_into(getattr(template, f.name), saved[f.name], f"{where}.{f.name}")
+            for f in dataclasses.fields(template)
+            # a field added since the file was written keeps the template's (unset) value
+            if f.name in saved or getattr(template, f.name) is not None
         }
         for k, v in values.items():
             object.__setattr__(template, k, v)  # frozen dataclasses too
@@ -109,63 +111,3 @@ def _from_plain(tree: Any) -> Any:
     if isinstance(tree, dict) and "__dataclass__" in tree:
         raise CheckpointError("cannot restore a dataclass without a template")
     return tree
-
-
-# ---------------------------------------------------------------------------------------
-# files
-
-
-def checkpoint_path(folder: Path, round: int) -> Path:
-    return folder / f"round_{round:06d}.pt"
-
-
-def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    """(round, path) of the complete checkpoints in ``folder``, oldest first."""
-    if not folder.is_dir():
-        return []
-    found = []
-    for p in folder.iterdir():
-        m = _NAME.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def latest_checkpoint(folder: Path) -> tuple[int, Path] | None:
-    found = list_checkpoints(folder)
-    return found[-1] if found else None
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file beside ``path``, synced, then renamed."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def write_checkpoint(folder: Path, round: int, payload: dict[str, Any], keep: int) -> Path:
-    """Save ``payload`` as the checkpoint of ``round``; keep the newest ``keep``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = checkpoint_path(folder, round)
-    atomic_save({"format": FORMAT, "round": round, **payload}, path)
-    for _, old in list_checkpoints(folder)[:-keep]:
-        old.unlink(missing_ok=True)
-    return path
-
-
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """A checkpoint's contents; plain tensors and containers only (weights_only)."""
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - a damaged or foreign file: one line
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(err).__name__}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a raycobo checkpoint (format {FORMAT})")
-    return data

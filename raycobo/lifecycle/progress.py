@@ -17,7 +17,8 @@ class RoundProgress:
         self._task = None
         self._last = ""
 
-    def start(self, total: int) -> None:
+    def start(self, total: int, done: int = 0) -> None:
+        """A bar of ``total`` rounds, ``done`` of them already (a resumed run)."""
         if not self.enabled:
             return
         self._p = Progress(
@@ -30,7 +31,7 @@ class RoundProgress:
             transient=False,
         )
         self._p.start()
-        self._task = self._p.add_task(self.label, total=total, info="")
+        self._task = self._p.add_task(self.label, total=total, completed=done, info="")
 
     def advance(self, stats: dict[str, float], row: dict[str, Any] | None) -> None:
         if self._p is None:

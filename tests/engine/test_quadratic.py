@@ -5,7 +5,7 @@ from torch.testing import assert_close
 
 from raycobo import rng
 from raycobo.data import load_data
-from raycobo.data.quadratic import QuadraticOps
+from raycobo.engine.quadratic import QuadraticOps
 
 
 def test_gradients_equal_closed_form_without_noise(quad_cfg):

@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from raycobo.cli import app
-from raycobo.compare import TABLE_COLUMNS
+from raycobo.comparison import TABLE_COLUMNS
 from raycobo.config import load_config
 
-QUICKSTART = str(Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml")
-SAMPLING = str(Path(__file__).resolve().parents[1] / "examples" / "sampling_study.yaml")
+QUICKSTART = str(Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml")
+SAMPLING = str(Path(__file__).resolve().parents[2] / "examples" / "sampling_study.yaml")
 # the columns the README and downstream scripts read, written out (not the code's list)
 CSV_COLUMNS = [
     "algorithm",
@@ -225,7 +225,7 @@ def test_compare_nests_its_runs_under_one_mlflow_parent(tmp_path):
 def test_dropped_clients_and_perplexity_in_tables():
     """Imp. counts only clients measured in both runs; language-model runs show their
     perplexity in the table."""
-    from raycobo.compare import improved_share, markdown_table
+    from raycobo.comparison import improved_share, markdown_table
 
     local = {
         "mean_accuracy": 0.5,
@@ -243,7 +243,7 @@ def test_dropped_clients_and_perplexity_in_tables():
 
 
 def test_a_diverging_algorithm_does_not_stop_the_others(tmp_path, quad_cfg):
-    from raycobo.compare import run_compare
+    from raycobo.comparison import run_compare
 
     cfg = quad_cfg("rounds=10", "compare.overrides={fedavg: {algorithm.lr: 1.0e6}}")
     root, rows, _ = run_compare(cfg, ["local", "fedavg", "cobo"], tmp_path / "c")
@@ -258,8 +258,8 @@ def test_a_diverging_algorithm_does_not_stop_the_others(tmp_path, quad_cfg):
 
 
 def test_compare_resume_keeps_finished_runs_and_continues_the_rest(tmp_path, quad_cfg):
-    from raycobo.callbacks import BaseCallback
-    from raycobo.compare import run_compare
+    from raycobo.comparison import Hooks, run_compare
+    from raycobo.lifecycle.callbacks import BaseCallback
 
     class CtrlC(BaseCallback):
         def on_round_end(self, ctx, round, stats):
@@ -269,9 +269,8 @@ def test_compare_resume_keeps_finished_runs_and_continues_the_rest(tmp_path, qua
     cfg = quad_cfg("rounds=10", "eval_every=5")
     out = tmp_path / "c"
     with pytest.raises(KeyboardInterrupt):
-        run_compare(
-            cfg, ["local", "cobo"], out, lambda e: [CtrlC()] if e == "cobo" else [], seeds=[0, 1]
-        )
+        hooks = Hooks(callbacks=lambda e: [CtrlC()] if e == "cobo" else [])
+        run_compare(cfg, ["local", "cobo"], out, seeds=[0, 1], hooks=hooks)
     local_summary = (out / "local" / "seed1" / "summary.json").read_bytes()
     stored = load_config(out / "config.yaml")
     assert stored.compare.algorithms == ["local", "cobo"] and stored.compare.seeds == [0, 1]
@@ -293,9 +292,9 @@ def test_side_by_side_processes_give_the_sequential_comparison(tmp_path, quad_cf
     import subprocess
     import sys
 
-    from raycobo.compare import run_compare
+    from raycobo.comparison import run_compare
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     spec = tmp_path / "c.yaml"
     spec.write_text(quad_cfg("rounds=6", "eval_every=3").to_yaml())
     script = repo / "benchmarks" / "fidelity" / "parallel_compare.py"
@@ -320,7 +319,7 @@ def test_side_by_side_processes_give_the_sequential_comparison(tmp_path, quad_cf
 def test_variants_with_different_numbers_of_clients_plot_each_with_its_clusters(tmp_path, quad_cfg):
     """Found by the fidelity suite (CoBo Figure 2a over the number of clusters): the W
     grid drew every variant with the first one's clusters and failed on 4 vs 8 clients."""
-    from raycobo.compare import run_compare
+    from raycobo.comparison import run_compare
 
     cfg = quad_cfg(
         "rounds=4",

@@ -12,7 +12,7 @@ from raycobo.algorithms import ALGORITHMS, build_algorithm  # noqa: E402
 from raycobo.config import with_overrides  # noqa: E402
 from raycobo.data import load_data  # noqa: E402
 from raycobo.engine import make_local_ops  # noqa: E402
-from raycobo.engine.ray import RayRun, start_ray  # noqa: E402
+from raycobo.engine.ray import RaySession, start_ray  # noqa: E402
 from tests.helpers import ray_matches_local, run_local, run_ray, short_run  # noqa: E402
 
 TIMEOUT = 120
@@ -75,7 +75,7 @@ def test_hosts_request_gpu_fractions(ray_2_cpus_2_fake_gpus, quad_cfg_module):
     0.75 of a GPU, so the two hosts land on different GPUs; without CUDA they compute
     on the CPU."""
     cfg = with_overrides(quad_cfg_module, {"engine.gpus_per_client": 0.25})
-    run = RayRun(cfg, 5)
+    run = RaySession(cfg, 5)
     try:
         assert all(len(ids) == 1 for ids in run.host_gpu_ids)
         assert run.host_gpu_ids[0] != run.host_gpu_ids[1]
@@ -119,7 +119,7 @@ def test_clients_join_and_leave_on_ray_as_on_the_local_engine(
     """A schedule (client 4 joins after round 4, client 0 leaves after round 2) gives the
     local engine's W, models and losses on Ray; with resident hosts the round submitted
     ahead is rolled back at each membership change, and W rows move to the hosts."""
-    from raycobo.experiment import run_experiment
+    from raycobo.lifecycle.experiment import run_experiment
 
     cfg = with_overrides(
         quad_cfg_module,
@@ -155,7 +155,7 @@ def test_clients_join_and_leave_on_ray_as_on_the_local_engine(
 def test_run_experiment_on_ray_writes_an_engine_report(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, tmp_path
 ):
-    from raycobo.experiment import run_experiment
+    from raycobo.lifecycle.experiment import run_experiment
 
     cfg = with_overrides(quad_cfg_module, {"algorithm.name": "cobo", "eval_every": 3})
     res = run_experiment(cfg, tmp_path / "r")
@@ -262,13 +262,12 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
             "engine.slow_seconds": 0.05,
         },
     )
-    run = RayRun(cfg, load_data(cfg).n_clients)
+    run = RaySession(cfg, load_data(cfg).n_clients)
     try:
-        state, stats = run.init(run), []
-        for t in range(6):
-            state, st = run.round(state, t, run)
-            stats.append(st)
-        W_r, X_r, report = run.collaboration(state), run.eval_params(state), run.summary_extras()
+        run.start()
+        stats = [run.round(t) for t in range(6)]
+        W_r, X_r = run.collaboration(), run.models()
+        report = run.report()["engine_report"]
     finally:
         run.close()
     assert report["staleness"] == 2
@@ -342,7 +341,7 @@ def test_host_resident_needs_cobo(quad_cfg_module):
 
     cfg = with_overrides(quad_cfg_module, {"algorithm.name": "fedavg", "engine.resident": True})
     with pytest.raises(ConfigError, match="engine.resident"):
-        RayRun(cfg, 5)
+        RaySession(cfg, 5)
 
 
 @pytest.mark.parametrize("resident", [False, True])
@@ -353,7 +352,7 @@ def test_interrupted_ray_run_resumes_to_the_uninterrupted_numbers(
     over their models); resuming from it ends where an uninterrupted run ends."""
     import json
 
-    from raycobo.experiment import resume_config, run_experiment
+    from raycobo.lifecycle.experiment import resume_config, run_experiment
     from tests.helpers import StopAt
 
     cfg = with_overrides(
@@ -413,7 +412,7 @@ def test_a_layout_that_cannot_be_placed_stops_at_once(
     cfg = with_overrides(quad_cfg_module, {"data.partition.clients_per_cluster": [3, 2, 2], **over})
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match="invalid config key 'engine'") as info:
-        RayRun(cfg, 7)
+        RaySession(cfg, 7)
     assert needle in str(info.value) and "engine.clients_per_actor" in str(info.value)
     assert time.monotonic() - t0 < 30
 
@@ -442,3 +441,32 @@ def test_plan_hosts_auto_and_explicit():
     # a cluster (engine.address) may grow: no refusal, the wait reports instead
     p = plan(7, 2, fixed=False, clients_per_actor=1, cpus_per_actor=1)
     assert (p.hosts, p.cpus_per_actor) == (7, 1.0)
+
+
+def test_a_plugin_method_runs_on_ray_with_the_local_numbers(
+    ray_2_cpus_2_fake_gpus, digits_cfg, tmp_path
+):
+    """A method from a module in a temporary folder: the hosts and the coordinator get
+    it through Ray's runtime environment (py_modules), not from the machine's path."""
+    import shutil
+    from pathlib import Path
+
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    example = Path(__file__).resolve().parents[3] / "examples" / "plugins" / "fedprox.py"
+    shutil.copy(example, folder / "fedprox_on_ray.py")
+    cfg = with_overrides(
+        digits_cfg(
+            "engine.kind=ray",
+            "engine.clients_per_actor=2",
+            "engine.cpus_per_actor=0.5",
+            f"engine.timeout_s={TIMEOUT}",
+            f"plugin_paths=[{folder}]",
+        ),
+        {"algorithm.name": "fedprox_on_ray:FedProx", "algorithm.mu": 0.1},
+    )
+    from raycobo.engine.ray.layout import plugin_runtime_env
+
+    env = plugin_runtime_env(cfg)
+    assert env is not None and env["py_modules"][0].__name__ == "fedprox_on_ray"
+    ray_matches_local(cfg, 3)

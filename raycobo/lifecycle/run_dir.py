@@ -15,7 +15,8 @@
 
 :class:`RunDir` is a run callback (rows arrive through ``on_round_end`` / ``on_eval``) with
 the life-cycle calls the training loop makes itself (``open``, ``checkpoint``, ``finish``,
-``fail``, ``close``).
+``fail``, ``close``). ``open`` decides everything a resume needs in one place and returns
+it as a :class:`Resume` record.
 """
 
 from __future__ import annotations
@@ -29,34 +30,63 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from raycobo import checkpoint as ckpt
-from raycobo.callbacks import BaseCallback, RunContext
 from raycobo.config import Config, ConfigError
+from raycobo.lifecycle import checkpoint as ckpt
+from raycobo.lifecycle.callbacks import BaseCallback, RunContext
+from raycobo.lifecycle.files import DiskFull, atomic_write, atomic_write_text, remove_stale_temps
+from raycobo.lifecycle.trust import check_trusted
 
 METRIC_COLUMNS = ["round", "client", "cluster", "accuracy", "loss"]
+RESUMABLE_KEYS = {"rounds"}
+# keys that say how a run is run, watched or compared, not what it computes: a resumed
+# run may see them changed (a comparison stores its entries; a cluster's address moves)
+OPERATIONAL = (
+    "compare.",
+    "tracking.",
+    "checkpoint.",
+    "engine.timeout_s",
+    "engine.address",
+    "engine.num_cpus",
+    "engine.num_gpus",
+    "engine.dashboard",
+    "engine.max_restarts",
+)
 
 
 class RunDirBusy(ConfigError):
     """Another process writes this run directory (exit 2)."""
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, sync it and rename it over."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+def _why(err: OSError) -> str:
+    return err.strerror or str(err) or type(err).__name__
+
+
+@dataclass
+class Resume:
+    """Where a resumed run continues: the newest readable checkpoint (None: from round
+    0), its contents, and what the directory said before."""
+
+    round: int
+    checkpoint: Path | None
+    data: dict[str, Any] | None
+    previous: dict[str, Any] | None  # the summary.json found in the directory
+
+    @property
+    def from_round(self) -> int | None:
+        """The round the run continues from (None: it starts over, no checkpoint)."""
+        return self.round if self.checkpoint is not None else None
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        """The MLflow run to continue (also when the run had no checkpoint yet)."""
+        found = (self.previous or {}).get("mlflow_run_id")
+        return found or (self.data or {}).get("mlflow_run_id")
 
 
 def read_summary(path: Path) -> dict[str, Any] | None:
@@ -66,6 +96,29 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def stored_config_path(directory: Path, what: str = "run") -> Path:
+    """``directory/config.yaml`` of a run or comparison to resume, or a one-line error."""
+    path = Path(directory) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(
+            f"nothing to resume in {directory}: no config.yaml (not a {what} directory)"
+        )
+    return path
+
+
+def changed_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two resolved config trees."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        dotted = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_keys(a, b, dotted + ".")
+        elif a != b:
+            out.append(dotted)
+    return out
 
 
 class _CsvLog:
@@ -94,8 +147,13 @@ class _CsvLog:
         if self._f is None:  # the first row names the columns
             self.columns = list(rows[0])
             self._open("w")
-        self._w.writerows(rows)
-        self._f.flush()
+        try:
+            self._w.writerows(rows)
+            self._f.flush()
+        except OSError as err:
+            if err.errno == errno.ENOSPC:
+                raise DiskFull(self.path) from None
+            raise
 
     def close(self) -> None:
         if self._f is not None:
@@ -125,26 +183,43 @@ def _truncate_csv(path: Path, keep_through: int) -> list[str] | None:
 
 class RunDir(BaseCallback):
     def __init__(self, path: Path, cfg: Config):
-        self.path = Path(path)
+        self.path = Path(path).absolute()
         self.cfg = cfg
         self.checkpoints = self.path / "checkpoints"
         self._lock = None
         self._metrics: _CsvLog | None = None
         self._rounds: _CsvLog | None = None
         self.started = time.time()
-        self.previous: dict[str, Any] | None = None  # the summary found at open (resume)
+        self.resume: Resume | None = None
 
     # -- life cycle ------------------------------------------------------------------------
-    def open(self, resume: bool) -> tuple[int, Path] | None:
+    def open(self, resume: bool) -> Resume | None:
         """Take the directory (lock), check what it holds, write config.yaml and a
-        ``running`` summary. -> the latest checkpoint when resuming (None: from round 0)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._take_lock()
+        ``running`` summary. -> where a resumed run continues (None: a new run). A
+        directory that cannot be made or written is bad input (one line); a full disk
+        says so, naming the file."""
         try:
-            found = self._check(resume)
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+        except RunDirBusy:
+            raise
+        except OSError as err:
+            if err.errno == errno.ENOSPC:
+                raise DiskFull(self.path) from None
+            raise ConfigError(f"cannot write the run directory {self.path}: {_why(err)}") from None
+        if resume:
+            try:
+                check_trusted(self.path, "run directory")
+            except BaseException:
+                self.close()
+                raise
+        try:
+            found = self.resume = self._check(resume)
             atomic_write_text(self.path / "config.yaml", self.cfg.to_yaml())
-            # resuming without a checkpoint starts over: no row is kept
-            keep = found[0] if found is not None else (-1 if resume else None)
+            # the CSVs are cut back to the checkpoint that loaded (from round 0: no row kept)
+            keep = found.round if found is not None and found.checkpoint else None
+            if found is not None and found.checkpoint is None:
+                keep = -1
             self._metrics = _CsvLog(self.path / "metrics.csv", METRIC_COLUMNS, keep)
             self._rounds = _CsvLog(self.path / "rounds.csv", None, keep)
             self.write_summary(
@@ -153,10 +228,18 @@ class RunDir(BaseCallback):
                     "pid": os.getpid(),
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     **self.identity(),
-                    "resumed_from_round": found[0] if found is not None else None,
+                    "resumed_from_round": found.from_round if found is not None else None,
                 }
             )
             return found
+        except DiskFull:
+            self.close()
+            raise
+        except OSError as err:
+            self.close()
+            if err.errno == errno.ENOSPC:
+                raise DiskFull(self.path) from None
+            raise ConfigError(f"cannot write the run directory {self.path}: {_why(err)}") from None
         except BaseException:
             self.close()
             raise
@@ -181,42 +264,71 @@ class RunDir(BaseCallback):
         f.flush()
         self._lock = f
 
-    def _check(self, resume: bool) -> tuple[int, Path] | None:
-        old = self.previous = read_summary(self.path)
+    def _check(self, resume: bool) -> Resume | None:
+        old = read_summary(self.path)
         status = old.get("status") if old else None
         if not resume:
-            if status == "completed":
-                raise ConfigError(
-                    f"run directory {self.path} already holds a finished run; choose another "
-                    f"--out, or extend it with: raycobo run --resume {self.path} rounds=N"
-                )
-            nothing_done = (
-                status in ("failed", "interrupted")
-                and old.get("last_round") == 0
-                and ckpt.latest_checkpoint(self.checkpoints) is None
-            )
-            if nothing_done:  # e.g. a setting refused while the run started: begin anew
-                return None
-            if old is not None or (self.path / "config.yaml").exists():
-                where = f" at round {old.get('last_round', 0)}" if old else ""
-                raise ConfigError(
-                    f"run directory {self.path} holds a{'n' if status == 'interrupted' else ''} "
-                    f"{status or 'unfinished'} run{where}; continue it with: "
-                    f"raycobo run --resume {self.path}"
-                )
+            self._check_new(old, status)
             return None
-        found = ckpt.latest_checkpoint(self.checkpoints)
+        remove_stale_temps(self.checkpoints)  # what killed checkpoint writes left behind
+        remove_stale_temps(self.path)
+        found = ckpt.newest_readable(self.checkpoints, lambda msg: print(msg, file=sys.stderr))
         if status == "completed" and (found is None or found[0] >= self.cfg.rounds):
             raise ConfigError(
                 f"run directory {self.path} holds a finished run of {old.get('rounds')} rounds; "
                 "to extend it, pass rounds=N with N larger than that"
             )
-        if found is not None and found[0] > self.cfg.rounds:
+        if found is None:
+            return Resume(0, None, None, old)
+        round, path, data = found
+        if round > self.cfg.rounds:
             raise ConfigError(
                 f"invalid config key 'rounds': {self.cfg.rounds}, but the checkpoint in "
-                f"{self.path} is at round {found[0]}"
+                f"{self.path} is at round {round}"
             )
-        return found
+        self._check_config(data.get("config"), path)
+        return Resume(round, path, data, old)
+
+    def _check_new(self, old: dict[str, Any] | None, status: str | None) -> None:
+        if status == "completed":
+            raise ConfigError(
+                f"run directory {self.path} already holds a finished run; choose another "
+                f"--out, or extend it with: raycobo run --resume {self.path} rounds=N"
+            )
+        nothing_done = (
+            status in ("failed", "interrupted")
+            and old.get("last_round") == 0
+            and ckpt.latest_checkpoint(self.checkpoints) is None
+        )
+        if nothing_done:  # e.g. a setting refused while the run started: begin anew
+            return
+        if old is not None or (self.path / "config.yaml").exists():
+            where = f" at round {old.get('last_round', 0)}" if old else ""
+            raise ConfigError(
+                f"run directory {self.path} holds a{'n' if status == 'interrupted' else ''} "
+                f"{status or 'unfinished'} run{where}; continue it with: "
+                f"raycobo run --resume {self.path}"
+            )
+
+    def _check_config(self, saved: dict[str, Any] | None, path: Path) -> None:
+        """The config a checkpoint was written under must be the one resumed with (but
+        for ``rounds`` and the OPERATIONAL keys): config.yaml edited by hand is refused,
+        naming the keys."""
+        if saved is None:  # checkpoints of versions that did not record it
+            return
+        now = self.cfg.to_dict()
+        diff = [
+            k
+            for k in changed_keys(saved, now)
+            if k not in RESUMABLE_KEYS and not k.startswith(OPERATIONAL)
+        ]
+        if diff:
+            shown = ", ".join(diff[:6]) + (", ..." if len(diff) > 6 else "")
+            raise ConfigError(
+                f"{self.path / 'config.yaml'} no longer matches the config its checkpoint "
+                f"{path.name} was written under ({shown} changed); a resumed run keeps its "
+                "config (only rounds=N may change): restore those keys, or start a new run"
+            )
 
     def identity(self) -> dict[str, Any]:
         c = self.cfg
@@ -251,6 +363,7 @@ class RunDir(BaseCallback):
 
     # -- checkpoints -----------------------------------------------------------------------
     def checkpoint(self, round: int, payload: dict[str, Any]) -> Path:
+        payload = {**payload, "config": self.cfg.to_dict()}
         return ckpt.write_checkpoint(self.checkpoints, round, payload, self.cfg.checkpoint.keep)
 
     def latest_checkpoint(self) -> Path | None:
@@ -268,13 +381,14 @@ class RunDir(BaseCallback):
     ) -> None:
         import torch
 
-        for name, obj in artifacts.items():
-            torch.save(obj, self.path / f"{name}.pt")  # e.g. meta-L2C's encoder, for transfer
+        for name, obj in artifacts.items():  # e.g. meta-L2C's encoder, for transfer
+            atomic_write(self.path / f"{name}.pt", lambda f, o=obj: torch.save(o, f), True)
         if W is not None:
-            np.save(self.path / "collaboration.npy", W)
-            np.savez_compressed(
+            atomic_write(self.path / "collaboration.npy", lambda f: np.save(f, W), True)
+            atomic_write(
                 self.path / "collaboration_rounds.npz",
-                **{f"round_{r}": m for r, m in snapshots.items()},
+                lambda f: np.savez_compressed(f, **{f"round_{r}": m for r, m in snapshots.items()}),
+                True,
             )
         from raycobo import plots
 
@@ -282,30 +396,47 @@ class RunDir(BaseCallback):
         plots.write_run_plots(self.path, summary, snapshots, clusters)
         self.write_summary(summary)
 
-    def fail(self, status: str, error: str | None, last_round: int, extra: dict[str, Any]) -> None:
-        """The failure path: the minimal summary first (small, so it fits where little
-        space is left), then the full one; never raises. Prints one line if even the
-        minimal summary could not be written."""
+    def fail(
+        self,
+        status: str,
+        error: str | None,
+        progress: tuple[int, list[dict[str, Any]], float] | None,
+        wall_seconds: float,
+        mlflow_run_id: str | None,
+    ) -> tuple[int, str | None]:
+        """The failure path: ``progress`` is (last round, history, seconds before this
+        session) of a run that had started, or None when it failed while starting (a
+        resumed directory still holds its checkpoint and the history up to it). Writes
+        the minimal summary first (small, so it fits where little space is left), then
+        the full one; never raises. -> (the last round, None or why not even the minimal
+        summary could be written)"""
         self._close_logs()
+        found = self.resume
+        if progress is None:  # failed while starting
+            last = found.round if found is not None else 0
+            prev = (found.previous or {}) if found is not None else {}
+            history = [h for h in prev.get("history", []) if h.get("round", 0) <= last]
+            progress = (last, history, prev.get("wall_seconds", 0.0))
+            if found is not None:
+                mlflow_run_id = mlflow_run_id or found.mlflow_run_id
+        last, history, before = progress
         latest = self.latest_checkpoint()
         minimal = {
             "status": status,
             "error": error,
-            "last_round": last_round,
+            "last_round": last,
             **self.identity(),
             "checkpoint": str(latest) if latest is not None else None,
-            "mlflow_run_id": extra.get("mlflow_run_id"),
+            "mlflow_run_id": mlflow_run_id,
         }
         try:
             self.write_summary(minimal)
         except OSError as err:
-            print(
-                f"error: could not write {self.path / 'summary.json'} ({err.strerror or err})",
-                file=sys.stderr,
-            )
-            return
+            return last, f"{self.path / 'summary.json'} not written: {_why(err)}"
+        full = {**minimal, "history": history, "wall_seconds": before + wall_seconds}
         with contextlib.suppress(OSError):
-            self.write_summary({**minimal, **extra})
+            self.write_summary(full)
+        return last, None
 
     def _close_logs(self) -> None:
         for log in (self._metrics, self._rounds):

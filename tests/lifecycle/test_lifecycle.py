@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from raycobo import checkpoint as ckpt
 from raycobo.algorithms import ALGORITHMS
-from raycobo.callbacks import BaseCallback
 from raycobo.config import ConfigError, with_overrides
-from raycobo.experiment import RunFailed, resume_config, run_experiment
+from raycobo.lifecycle import checkpoint as ckpt
+from raycobo.lifecycle.callbacks import BaseCallback
+from raycobo.lifecycle.experiment import RunFailed, resume_config, run_experiment
 from tests.helpers import StopAt, short_run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _final_state(run_dir: Path) -> dict:
@@ -122,7 +122,7 @@ def test_checkpoint_schedule_and_keep(tmp_path, quad_cfg):
 
 
 def test_two_writers_on_one_directory(tmp_path, quad_cfg):
-    from raycobo.run_dir import RunDir, RunDirBusy
+    from raycobo.lifecycle.run_dir import RunDir, RunDirBusy
 
     cfg = quad_cfg("rounds=4")
     first = RunDir(tmp_path / "a", cfg)
@@ -142,7 +142,7 @@ def test_two_writers_on_one_directory(tmp_path, quad_cfg):
 def test_full_disk_in_the_failure_path(tmp_path, quad_cfg, monkeypatch):
     """The disk fills mid-run: the CSV write fails, the full summary does not fit, the
     minimal one does; nothing in the failure path raises a second error."""
-    import raycobo.run_dir as rd
+    import raycobo.lifecycle.run_dir as rd
 
     cfg = quad_cfg("rounds=10", "eval_every=2")
     real_write = rd.atomic_write_text
@@ -247,7 +247,7 @@ def test_a_resume_that_fails_while_starting_keeps_what_the_directory_holds(
     """Seen on the GPU machine: a resumed run whose data could not be loaded rewrote the
     summary of a run interrupted at round 150 as 'failed at round 0' with no history.
     The directory still holds its checkpoint: the summary says so."""
-    import raycobo.experiment as ex
+    import raycobo.lifecycle.experiment as ex
 
     cfg = quad_cfg("rounds=10", "eval_every=2")
     with pytest.raises(RunFailed):
@@ -256,7 +256,7 @@ def test_a_resume_that_fails_while_starting_keeps_what_the_directory_holds(
     def gone(_cfg):
         raise RuntimeError("data gone")
 
-    monkeypatch.setattr(ex, "build_run", gone)
+    monkeypatch.setattr(ex, "open_session", gone)
     with pytest.raises(RunFailed):
         run_experiment(resume_config(tmp_path / "a"), tmp_path / "a", resume=True)
     s = json.loads((tmp_path / "a" / "summary.json").read_text())

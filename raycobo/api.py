@@ -1,0 +1,199 @@
+"""The Python API: what the command line does, as functions (the CLI is a thin layer over
+them).
+
+A config is a YAML path, a mapping (the YAML's content) or a :class:`Config`; keyword
+overrides are dotted keys with ``__`` for the dots (``algorithm__rho=0.1`` is
+``algorithm.rho=0.1``). Tracking follows ``tracking.enabled`` unless ``track`` says
+otherwise; ``progress=True`` shows a progress bar.
+
+>>> import raycobo
+>>> res = raycobo.run("examples/quickstart.yaml", rounds=200, algorithm__name="cobo")
+>>> res.mean_accuracy, res.run_dir
+>>> res.frame("history")          # pandas: one row per evaluation
+>>> cmp = raycobo.compare("examples/quickstart.yaml", ["local", "cobo"], rounds=200)
+>>> cmp.frame()                   # the comparison table
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raycobo.config import Config, ConfigError, load_config, validate, with_overrides
+from raycobo.lifecycle import Result, resume_config, run_experiment
+from raycobo.lifecycle.run_dir import read_summary
+
+ConfigLike = str | Path | dict[str, Any] | Config
+
+
+def dotted(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Keyword overrides as dotted keys: ``algorithm__rho`` -> ``algorithm.rho``."""
+    return {k.replace("__", "."): v for k, v in overrides.items()}
+
+
+def load(config: ConfigLike, **overrides: Any) -> Config:
+    """A validated Config from a path, a mapping or a Config, with overrides applied."""
+    over = dotted(overrides)
+    if isinstance(config, Config):
+        return with_overrides(config, over) if over else config
+    if isinstance(config, dict):
+        cfg = validate(dict(config))
+        return with_overrides(cfg, over) if over else cfg
+    if isinstance(config, str | Path):
+        cfg = load_config(Path(config))
+        return with_overrides(cfg, over) if over else cfg
+    raise ConfigError(
+        f"a config is a YAML path, a mapping or a Config, not {type(config).__name__}"
+    )
+
+
+def _callbacks(cfg: Config, track: bool | None, run_name: str | None = None) -> list:
+    if not (cfg.tracking.enabled if track is None else track):
+        return []
+    from raycobo.tracking import MLflowTracker
+
+    tracking = (
+        cfg.tracking if cfg.tracking.enabled else cfg.tracking.model_copy(update={"enabled": True})
+    )
+    return [MLflowTracker(tracking, run_name=run_name)]
+
+
+def _progress(label: str, show: bool):
+    if not show:
+        return None
+    from raycobo.lifecycle.progress import RoundProgress
+
+    return RoundProgress(label)
+
+
+def run(
+    config: ConfigLike,
+    out: str | Path | None = None,
+    *,
+    track: bool | None = None,
+    progress: bool = False,
+    **overrides: Any,
+) -> Result:
+    """Run one experiment into ``out`` (default ``runs/<time>-<name>-<method>``)."""
+    cfg = load(config, **overrides)
+    label = cfg.algorithm.name
+    return run_experiment(cfg, out, _callbacks(cfg, track), _progress(label, progress))
+
+
+def resume(
+    run_dir: str | Path,
+    rounds: int | None = None,
+    *,
+    track: bool | None = None,
+    progress: bool = False,
+) -> Result:
+    """Continue an interrupted or failed run from its newest checkpoint; ``rounds``
+    extends a finished one."""
+    cfg = resume_config(run_dir, [f"rounds={rounds}"] if rounds is not None else [])
+    label = cfg.algorithm.name
+    return run_experiment(
+        cfg, Path(run_dir), _callbacks(cfg, track), _progress(label, progress), resume=True
+    )
+
+
+def load_run(run_dir: str | Path) -> Result:
+    """A run directory's results (finished or not) without running anything."""
+    path = Path(run_dir)
+    summary = read_summary(path)
+    if summary is None:
+        raise ConfigError(f"{path} holds no readable summary.json (not a run directory)")
+    return Result(path, summary)
+
+
+@dataclass
+class Comparison:
+    """A comparison: its folder, the table's rows and every entry's runs (by seed)."""
+
+    root: Path
+    rows: list[dict[str, Any]]
+    results: dict[str, list[Result]]
+
+    def frame(self):
+        """The table as a pandas DataFrame, one row per entry."""
+        import pandas as pd
+
+        return pd.DataFrame.from_records(self.rows)
+
+    @property
+    def failed(self) -> list[str]:
+        return [f"{r['algorithm']} ({note})" for r in self.rows for note in r.get("failed", [])]
+
+
+def compare(
+    config: ConfigLike,
+    algorithms: list[str] | None = None,
+    *,
+    seeds: list[int] | None = None,
+    out: str | Path | None = None,
+    parallel: bool = False,
+    track: bool | None = None,
+    progress: bool = False,
+    **overrides: Any,
+) -> Comparison:
+    """Several methods (or ``compare.variants``) on the same setting and seeds: a table,
+    plots and an HTML report in ``out``. ``algorithms`` default to ``compare.algorithms``."""
+    from raycobo.comparison import tracked_compare
+
+    cfg = load(config, **overrides)
+    entries = list(algorithms) if algorithms else list(cfg.compare.algorithms)
+    track_on = cfg.tracking.enabled if track is None else track
+    root, rows, results = tracked_compare(
+        cfg,
+        entries,
+        Path(out) if out is not None else None,
+        lambda label: _progress(label, progress),
+        track_on,
+        seeds,
+        parallel,
+    )
+    return Comparison(root, rows, results)
+
+
+def resume_compare(
+    root: str | Path, *, track: bool | None = None, progress: bool = False
+) -> Comparison:
+    """Continue a comparison: finished runs are kept, the others resume."""
+    from raycobo.comparison import tracked_compare
+    from raycobo.config import load_stored_config
+    from raycobo.lifecycle.run_dir import stored_config_path
+
+    root = Path(root)
+    cfg = load_stored_config(stored_config_path(root, "comparison"))
+    track_on = cfg.tracking.enabled if track is None else track
+    progress_of = lambda label: _progress(label, progress)  # noqa: E731
+    entries = list(cfg.compare.algorithms)
+    rows = tracked_compare(cfg, entries, root, progress_of, track_on, None, False, True)
+    return Comparison(*rows)
+
+
+def sweep(
+    space: str | Path,
+    *,
+    out: str | Path | None = None,
+    num_samples: int | None = None,
+    smoke_test: bool = False,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """A Ray Tune sweep (``tune_spaces/*.yaml``): every trial tracked, the best finished
+    trial's config written as ``best_config.yaml``. -> the sweep's summary
+    (``sweep_summary.json``; ``root`` is its folder)."""
+    from raycobo.tune.space import load_sweep
+    from raycobo.tune.sweep import run_sweep
+
+    spec, base = load_sweep(space, dotted(overrides))
+    return run_sweep(spec, base, Path(out) if out is not None else None, num_samples, smoke_test)
+
+
+def resume_sweep(root: str | Path, *, trust_files: bool = False) -> dict[str, Any]:
+    """Continue a sweep from its directory alone (unfinished and failed trials go on
+    from their checkpoints). The directory is trusted like code: it must be yours, not
+    writable by others, and Tune's files must be those the sweep recorded."""
+    from raycobo.tune.sweep import resume_sweep as resume_from
+
+    return resume_from(Path(root), trust_files)

@@ -1,0 +1,172 @@
+"""How the coordinator runs a round: one policy object, chosen once at start.
+
+- :class:`SyncRounds`: the algorithm's own round over the hosts (``RayClientOps``); every
+  round waits for its answers. Every registered method runs this way.
+- :class:`StaleRounds`: CoBo with bounded staleness (``engine.staleness``): alignment
+  requests are sent ahead and applied when they arrive, at most that many rounds late.
+- ``ResidentRounds`` (``resident.py``): CoBo with the models kept in the hosts.
+
+A policy owns its state (the algorithm state, or W and the hosts' published models) and
+answers the coordinator's calls; the coordinator keeps the timing and the failure
+handling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from raycobo import rng
+from raycobo.algorithms.base import Elastic, Evaluation, ExportsArtifacts, evaluate
+from raycobo.engine.ray.ops import AsyncGrads, RayClientOps
+from raycobo.state import load_into, state_tree
+
+
+@dataclass
+class RoundTiming:
+    """The coordinator's measure of the rounds (reported in ``engine_report``)."""
+
+    compute_s: float = 0.0  # wall time of rounds inside the coordinator
+    host_compute_s: float = 0.0  # of which the slowest host computed
+    # from the first round's start to the last round's end, less the calls between
+    # rounds (evaluations, outputs, membership): pipelined rounds overlap the gaps
+    span: list[float] = field(default_factory=list)
+    between_s: float = 0.0
+    ahead_wait_s: float = 0.0  # calls between rounds waiting for a round submitted ahead
+
+
+class RoundPolicy(Protocol):
+    def start(self) -> None: ...
+    def restore(self, tree: dict[str, Any]) -> None: ...
+    def round(self, t: int) -> dict[str, float]: ...
+    def drop(self, clients: list[int], t: int) -> None: ...
+    def evaluate(self) -> Evaluation: ...
+    def models(self) -> torch.Tensor: ...
+    def collaboration(self) -> torch.Tensor | None: ...
+    def artifacts(self) -> dict[str, Any]: ...
+    def change_membership(self, kind: str, clients: list[int]) -> None: ...
+    def snapshot(self) -> dict[str, Any]: ...
+    def report(self) -> dict[str, Any]: ...
+
+
+def elastic_or_stop(algo, why: str) -> Elastic:
+    if not isinstance(algo, Elastic):
+        raise RuntimeError(
+            f"{why}, and algorithm '{algo.name}' cannot continue without them "
+            "(engine.on_failure=drop needs clients that can leave: cobo)"
+        )
+    return algo
+
+
+class SyncRounds:
+    """The algorithm's state in the coordinator; each round is the algorithm's own."""
+
+    def __init__(self, algo, ops: RayClientOps, timing: RoundTiming):
+        self.algo, self.ops, self.timing = algo, ops, timing
+        self.state: Any = None
+
+    def start(self) -> None:
+        self.state = self.algo.init(self.ops)
+
+    def restore(self, tree: dict[str, Any]) -> None:
+        self.state = load_into(self.algo.init(self.ops), tree["state"])
+
+    def round(self, t: int) -> dict[str, float]:
+        self.state, stats = self.algo.round(self.state, t, self.ops)
+        return stats
+
+    def drop(self, clients: list[int], t: int) -> None:
+        """Hosts died (engine.on_failure=drop): their clients leave; the round reruns."""
+        algo = elastic_or_stop(self.algo, f"client hosts died (clients {clients})")
+        self.state = algo.leave(self.state, clients)
+        self.ops.events.append({"event": "clients_dropped", "round": t, "clients": clients})
+
+    def evaluate(self) -> Evaluation:
+        return evaluate(self.algo, self.state, self.ops)
+
+    def models(self) -> torch.Tensor:
+        return self.algo.eval_params(self.state).detach().cpu()
+
+    def collaboration(self) -> torch.Tensor | None:
+        W = self.algo.collaboration(self.state)
+        return None if W is None else W.detach().cpu()
+
+    def artifacts(self) -> dict[str, Any]:
+        if isinstance(self.algo, ExportsArtifacts):
+            return self.algo.artifacts(self.state)
+        return {}
+
+    def change_membership(self, kind: str, clients: list[int]) -> None:
+        algo = self.algo
+        if not isinstance(algo, Elastic):
+            raise ValueError(f"algorithm '{algo.name}' has no clients joining or leaving")
+        self.state = (algo.join if kind == "join" else algo.leave)(self.state, clients)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"state": state_tree(self.state), "pending": []}
+
+    def report(self) -> dict[str, Any]:
+        return {}
+
+
+class StaleRounds(SyncRounds):
+    """CoBo with bounded staleness: the alignment gradients of round t are requested
+    without waiting; the model step goes ahead with W updated by the alignment results
+    that have arrived, and waits only for those ``engine.staleness`` rounds old (all of
+    them at the last round). Results in flight are checkpointed as their requests and
+    sent again on restore (minibatches are counter-based: the answers are the same)."""
+
+    def __init__(self, algo, ops: RayClientOps, timing: RoundTiming, staleness: int, rounds: int):
+        super().__init__(algo, ops, timing)
+        self.staleness, self.rounds = staleness, rounds
+        self.pending: list[tuple[int, torch.Tensor, AsyncGrads]] = []  # (round, edges, req)
+        self.lags: list[int] = []  # rounds each alignment result arrived late
+
+    def round(self, t: int) -> dict[str, float]:
+        algo, ops = self.algo, self.ops
+        p = algo.plan(self.state, t, ops)
+        E = p.edges.shape[0]
+        if E:
+            req = ops.grads_async(p.align_clients, p.align_points, t, rng.ALIGN, p.align_salts)
+            self.pending.append((t, p.edges, req))
+        G, L = ops.grads(p.members, self.state.X[p.members], t, rng.STEP, 0)
+        last = t == self.rounds - 1
+        keep = []
+        applied = 0
+        for r, edges, req in self.pending:
+            if last or r <= t - self.staleness or req.ready():
+                self.state = algo.apply_alignment(self.state, edges, req.result())
+                self.lags.append(t - r)
+                applied += edges.shape[0]
+            else:
+                keep.append((r, edges, req))
+        self.pending = keep
+        self.state = algo.step(self.state, p.members, G)
+        stats = algo.stats(L, E, p.members.numel())
+        stats["alignments_applied"] = float(applied)
+        stats["alignments_pending"] = float(sum(e.shape[0] for _, e, _ in keep))
+        return stats
+
+    def snapshot(self) -> dict[str, Any]:
+        pending = [
+            {"round": r, "edges": edges.clone(), "request": state_tree(list(req.request))}
+            for r, edges, req in self.pending
+        ]
+        return {"state": state_tree(self.state), "pending": pending}
+
+    def restore(self, tree: dict[str, Any]) -> None:
+        super().restore(tree)
+        self.pending = [
+            (p["round"], p["edges"], self.ops.grads_async(*p["request"])) for p in tree["pending"]
+        ]
+
+    def report(self) -> dict[str, Any]:
+        if not self.lags:
+            return {}
+        return {
+            "alignment_lag_max": max(self.lags),
+            "alignment_lag_mean": float(np.mean(self.lags)),
+        }

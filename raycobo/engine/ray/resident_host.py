@@ -1,0 +1,142 @@
+"""The client host of host-resident CoBo (``engine.resident``): a :class:`ClientHostImpl`
+that also keeps its clients' models and W rows. A round is two calls, ``res_grads``
+(phase 1) then ``res_update`` (phase 2); see ``raycobo.engine.ray.resident``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from raycobo import rng
+from raycobo.engine.ray.errors import HostStateLost
+from raycobo.engine.ray.host import ClientHostImpl
+from raycobo.engine.ray.layout import host_layout
+
+
+class ResidentHostImpl(ClientHostImpl):
+    """The body of a resident ClientHost actor: models X (k, d) and W rows (k, n) of its
+    k clients, and phase 1's step gradients until phase 2 uses them."""
+
+    def __init__(self, cfg_dict: dict[str, Any], clients: list[int], *args, **kwargs):
+        super().__init__(cfg_dict, clients, *args, **kwargs)
+        self.layout = host_layout(self.n_total, self.cfg.engine.clients_per_actor)
+        self.ids = torch.tensor(clients, device=self.device)
+        self.X: torch.Tensor | None = None  # None: restarted by Ray, not restored yet
+        self.W: torch.Tensor | None = None
+        self.pending_step: tuple | None = None  # (members, G, L) between the two phases
+        self.phase1_s = 0.0
+
+    def res_init(self, x0, W_rows) -> None:
+        self.X = self._in(x0).expand(len(self.clients), -1).clone()
+        self.W = self._in(W_rows)
+
+    def res_load(self, block, W_rows) -> None:
+        """Models (None: keep them) and W rows from the coordinator: a restart's restore,
+        or W after clients joined or left."""
+        if block is not None:
+            self.X = self._in(block)
+        self.W = self._in(W_rows)
+
+    def _models(self) -> torch.Tensor:
+        if self.X is None:
+            raise HostStateLost(f"host of clients {self.clients} lost its models")
+        return self.X
+
+    def res_block(self):
+        """This host's models, published once per round for the other hosts."""
+        return self._models().cpu().numpy()
+
+    def _rows_of(self, arrays, at) -> torch.Tensor:
+        """Rows gathered from published arrays: ``at`` is (k, 2) of (array, row); one
+        vectorised gather per source array."""
+        at = np.asarray(at, dtype=np.int64).reshape(-1, 2)
+        out = torch.empty(at.shape[0], self.ops.dim)
+        for a in np.unique(at[:, 0]):
+            sel = np.nonzero(at[:, 0] == a)[0]
+            out[torch.from_numpy(sel)] = torch.from_numpy(np.asarray(arrays[a])[at[sel, 1]])
+        return out.to(self.device)
+
+    def res_grads(self, round, own, partners, salts, members, *blocks):
+        """Phase 1 of a resident round: this host's clients' gradients at the midpoints
+        z_ij = (x_i + x_j) / 2 of their sampled pairs (x_j read from the partner host's
+        published block) and at their own models (the model step's, kept here for
+        phase 2). One batched request. -> alignment gradients (k, d)"""
+        self._wait(len(own) + len(members))
+        t0 = time.perf_counter()
+        X = self._models()
+        own, members = self._in(own), self._in(members)
+        k, m = own.numel(), members.numel()
+        Z = torch.cat([0.5 * (X[own] + self._rows_of(blocks, partners)), X[members]])
+        streams = torch.cat([torch.full((k,), rng.ALIGN), torch.full((m,), rng.STEP)])
+        salts = torch.cat(
+            [
+                torch.as_tensor(np.asarray(salts), dtype=torch.int64).reshape(-1),
+                torch.zeros(m, dtype=torch.int64),
+            ]
+        )
+        G, L = self.ops.grads(torch.cat([own, members]), Z, round, streams, salts)
+        self.pending_step = (members, G[k:], L[k:])
+        self.phase1_s = time.perf_counter() - t0
+        return G[:k].cpu().numpy()
+
+    def res_update(self, edges, at_i, at_j, report, present, hyper, n_grads, *parts):
+        """Phase 2: the scores <g_i(z_ij), g_j(z_ij)> of the sampled pairs that touch this
+        host (both gradients read from phase 1's published arrays), Eq. (1) on this
+        host's W rows, then Eq. (3) for its present clients against the published models
+        of the hosts they collaborate with. parts: ``n_grads`` phase-1 answers, then
+        (host, block) pairs. -> ((scores of the reported pairs, step losses, phase-1 and
+        phase-2 seconds of compute), the new block)."""
+        from raycobo.algorithms.cobo import (
+            alignment_scores,
+            penalized_rows_blocks,
+            update_weight_rows,
+        )
+
+        if self.pending_step is None:  # restarted by Ray between the two phases
+            raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
+        lr, rho, gamma, domain, kind = hyper
+        t0 = time.perf_counter()
+        grads = parts[:n_grads]
+        block_hosts = parts[n_grads::2]
+        blocks = parts[n_grads + 1 :: 2]
+        edges = torch.as_tensor(np.asarray(edges), dtype=torch.int64).reshape(-1, 2)
+        scores = torch.zeros(0, device=self.device)
+        if edges.shape[0]:  # Eq. (1) on this host's W rows
+            G_i, G_j = self._rows_of(grads, at_i), self._rows_of(grads, at_j)
+            scores = alignment_scores(G_i, G_j, kind)
+            self.W = update_weight_rows(self.W, self.ids, edges, scores, gamma, domain)
+        members, G, L = self.pending_step
+        if members.numel():  # Eq. (3) over the linked hosts' published models
+            W_rows = self.W[members]
+            if present is not None:  # absent clients neither pull nor are pulled
+                mask = torch.as_tensor(np.asarray(present, dtype=bool))
+                W_rows = W_rows * mask.to(self.device, W_rows.dtype)
+            all_members = members.numel() == len(self.clients)
+            X_rows = self.X if all_members else self.X[members]
+            linked = [
+                (
+                    torch.tensor(self.layout[h], device=self.device),
+                    torch.as_tensor(block).to(self.device),
+                )
+                for h, block in zip(block_hosts, blocks, strict=True)
+            ]
+            new = penalized_rows_blocks(X_rows, G, W_rows, linked, lr, rho)
+            if all_members:
+                self.X = new
+            else:
+                self.X[members] = new
+        self.pending_step = None
+        report = torch.as_tensor(np.asarray(report, dtype=bool)).to(self.device)
+        seconds = time.perf_counter() - t0
+        out = (scores[report].cpu().numpy(), L.cpu().numpy(), self.phase1_s, seconds)
+        return out, self.res_block()
+
+    def res_evaluate(self, block):
+        """Test metrics of the given models (a published block: the host may already be
+        a round further)."""
+        ev = self.ops.evaluate(torch.arange(len(self.clients)), self._in(block))
+        acc = None if ev.accuracy is None else ev.accuracy.cpu().numpy()
+        return ev.loss.cpu().numpy(), acc

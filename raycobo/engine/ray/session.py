@@ -1,0 +1,190 @@
+"""The Ray engine's session: places the client hosts and the coordinator, then answers
+the run loop by calling the coordinator, which holds the algorithm (the driver holds
+handles, statistics and W -- never a model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from raycobo.algorithms.base import Elastic, Evaluation, cluster_agreement
+from raycobo.config import Config, ConfigError
+from raycobo.engine.ray.coordinator import CoordinatorImpl
+from raycobo.engine.ray.host import ClientHostImpl
+from raycobo.engine.ray.layout import (
+    host_layout,
+    instance_resources,
+    plan_hosts,
+    plugin_options,
+    start_ray,
+    wait_for_hosts,
+    with_host_plan,
+)
+
+
+def check_policy(cfg: Config) -> None:
+    """What the resident and bounded-staleness rounds can run: CoBo as Algorithm 1 orders
+    it (resident: also without momentum, from one shared x^0, with a dense W)."""
+    e, a = cfg.engine, cfg.algorithm
+    if e.resident:
+        plain = (
+            a.name == "cobo"
+            and not e.staleness
+            and a.weights != "sparse"
+            and a.momentum == 0
+            and a.init == "shared"
+            and a.order == "weights_first"
+        )
+        if not plain:
+            raise ConfigError(
+                "invalid config key 'engine.resident': host-resident models run cobo with "
+                "a dense W (algorithm.weights), no momentum, init shared, order "
+                "weights_first and engine.staleness=0"
+            )
+    if e.staleness and a.name == "cobo" and a.order != "weights_first":
+        raise ConfigError(
+            "invalid config key 'engine.staleness': late alignment results need "
+            "algorithm.order=weights_first (the models_first order waits for each round's W)"
+        )
+
+
+def place_hosts(cfg: Config, layout: list[list[int]], n: int, parts: list) -> list:
+    """One host actor per block of ``layout``; ``parts``: each host's data in the object
+    store (empty: the hosts load the data set themselves)."""
+    import ray
+
+    e = cfg.engine
+    if e.resident:
+        from raycobo.engine.ray.resident_host import ResidentHostImpl
+
+        Host = ray.remote(ResidentHostImpl)
+    else:
+        Host = ray.remote(ClientHostImpl)
+    cfg_dict = cfg.to_dict()
+    plugins = plugin_options(cfg)  # Ray may have been started without the plugins
+    hosts = []
+    for h, block in enumerate(layout):
+        slow = e.slow_seconds if h in e.slow_hosts else 0.0
+        hosts.append(
+            Host.options(
+                # a second thread lets a host take the step while alignment runs
+                max_concurrency=2 if e.staleness > 0 else 1,
+                num_cpus=e.cpus_per_actor,
+                num_gpus=e.gpus_per_client * len(block),
+                max_restarts=e.max_restarts if e.on_failure == "restart" else 0,
+                **plugins,
+            ).remote(cfg_dict, block, slow, n, parts[h] if parts else None)
+        )
+    return hosts
+
+
+def place_coordinator(cfg: Config, hosts: list, layout: list[list[int]]):
+    """The coordinator on the driver's node (not soft: Ray's soft affinity was seen to
+    place it elsewhere), so a run outlives the loss of any other node. Its math (W
+    updates, penalties) is light next to the hosts' passes: it reserves no CPU."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    Coord = ray.remote(CoordinatorImpl)
+    options = {"num_cpus": 0, "scheduling_strategy": here, **plugin_options(cfg)}
+    return Coord.options(**options).remote(cfg.to_dict(), hosts, layout)
+
+
+class RaySession:
+    """The Ray engine behind the Session interface (``raycobo.engine.session``)."""
+
+    def __init__(self, cfg: Config, n_clients: int, data=None):
+        """``data``: the loaded data set, when the driver has it: each host then gets its
+        clients' part through the object store instead of loading the data set itself."""
+        import ray
+
+        from raycobo.algorithms import build_algorithm
+
+        check_policy(cfg)
+        start_ray(cfg)
+        total, node_max = instance_resources()
+        fixed = cfg.engine.address is None
+        self.plan = plan_hosts(cfg.engine, n_clients, total, node_max, fixed=fixed)
+        self.cfg = cfg = with_host_plan(cfg, self.plan)
+        self.layout = host_layout(n_clients, cfg.engine.clients_per_actor)
+        # one load in the driver, one object per host; held here for as long as the run
+        # lasts, so that a host Ray restarts (on any node) finds its data again
+        self._host_data = [] if data is None else [ray.put(data.subset(b)) for b in self.layout]
+        self.hosts = place_hosts(cfg, self.layout, n_clients, self._host_data)
+        self.coordinator = None
+        try:  # every host placed and its data loaded, or one line saying what is missing
+            wait_for_hosts([h.info.remote() for h in self.hosts], self.plan, cfg.engine)
+            self.coordinator = place_coordinator(cfg, self.hosts, self.layout)
+            info = self._get(self.coordinator.describe.remote())
+        except BaseException:
+            self.close()
+            raise
+        self.n_clients = info["n_clients"]
+        self.clusters = info["clusters"]
+        self.host_devices = info["host_devices"]
+        self.host_gpu_ids = info["host_gpu_ids"]
+        self.host_nodes = info["host_nodes"]
+        self.coordinator_node = info["coordinator_node"]
+        # the coordinator holds the algorithm; the driver asks its own copy what it can do
+        self.elastic = isinstance(build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed), Elastic)
+
+    def _get(self, ref):
+        import ray
+
+        return ray.get(ref, timeout=self.cfg.engine.timeout_s)
+
+    # -- Session ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._get(self.coordinator.start.remote())
+
+    def restore(self, tree: Any) -> None:
+        self._get(self.coordinator.restore.remote(tree))
+
+    def round(self, t: int) -> dict[str, float]:
+        return self._get(self.coordinator.round.remote(t))
+
+    def evaluate(self) -> Evaluation:
+        loss, acc = self._get(self.coordinator.evaluate.remote())
+        return Evaluation(loss=loss, accuracy=acc)
+
+    def models(self) -> torch.Tensor:
+        return self._get(self.coordinator.models.remote())
+
+    def collaboration(self) -> torch.Tensor | None:
+        return self._get(self.coordinator.collaboration.remote())
+
+    def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
+        return cluster_agreement(W, self.clusters) if W is not None else {}
+
+    def change_membership(self, kind: str, clients: list[int]) -> None:
+        self._get(self.coordinator.change_membership.remote(kind, list(clients)))
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._get(self.coordinator.snapshot.remote())
+
+    def artifacts(self) -> dict[str, Any]:
+        return self._get(self.coordinator.artifacts.remote())
+
+    def report(self) -> dict[str, Any]:
+        rep = self._get(self.coordinator.report.remote())
+        return {
+            "engine_report": {
+                "hosts": len(self.hosts),
+                "clients_per_actor": self.cfg.engine.clients_per_actor,
+                "host_devices": self.host_devices,
+                "host_gpu_ids": self.host_gpu_ids,
+                "host_nodes": self.host_nodes,
+                "coordinator_node": self.coordinator_node,
+                "cpus_per_actor": self.cfg.engine.cpus_per_actor,
+                **rep,
+            }
+        }
+
+    def close(self) -> None:
+        import ray
+
+        for actor in [self.coordinator, *self.hosts]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)

@@ -1,0 +1,139 @@
+"""One way to run a round: the session every engine offers the run loop.
+
+A session owns an algorithm's state and the client operations it runs on, and answers
+the run loop (``raycobo.lifecycle``) with a small surface: ``start`` or ``restore`` the state,
+``round``, ``evaluate``, ``collaboration`` and its cluster ``agreement``, membership
+changes, ``snapshot`` for checkpoints, ``report`` and ``artifacts`` for the outputs,
+``close``. The loop never asks which engine it has.
+
+- :class:`LocalSession` (engines ``local`` and ``loop``): the algorithm's state lives in
+  this process, next to the ``ClientOps`` that compute for it.
+- ``raycobo.engine.ray.RaySession``: the state lives in the coordinator actor, which runs
+  the rounds with one of its round policies (synchronous, bounded staleness, resident).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from raycobo.algorithms.base import (
+    Algorithm,
+    ClientOps,
+    Elastic,
+    Evaluation,
+    ExportsArtifacts,
+    KeepsOwnAgreement,
+    cluster_agreement,
+    evaluate,
+)
+from raycobo.state import load_into, state_tree
+
+
+@runtime_checkable
+class Session(Protocol):
+    """What the run loop needs from an engine."""
+
+    n_clients: int
+    clusters: list[int | None]
+    elastic: bool  # clients may join and leave (the algorithm is Elastic)
+
+    def start(self) -> None:
+        """The algorithm's initial state."""
+        ...
+
+    def restore(self, tree: Any) -> None:
+        """The state of a snapshot (instead of ``start``)."""
+        ...
+
+    def round(self, t: int) -> dict[str, float]:
+        """Round t (0-based); its statistics."""
+        ...
+
+    def evaluate(self) -> Evaluation: ...
+
+    def models(self) -> torch.Tensor:
+        """The model each client predicts with, (n, d)."""
+        ...
+
+    def collaboration(self) -> torch.Tensor | None: ...
+
+    def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
+        """Mean W inside and across the ground-truth clusters (``w_within``/``w_across``)."""
+        ...
+
+    def change_membership(self, kind: str, clients: list[int]) -> None:
+        """``kind`` 'join' or 'leave' before the next round (only when ``elastic``)."""
+        ...
+
+    def snapshot(self) -> Any:
+        """The state as plain data (``raycobo.state``), for a checkpoint."""
+        ...
+
+    def report(self) -> dict[str, Any]:
+        """Entries for the run summary (``execution``, ``engine_report``)."""
+        ...
+
+    def artifacts(self) -> dict[str, Any]:
+        """Learned extras saved beside the run (``<name>.pt``)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalSession:
+    """The local and loop engines: the algorithm's state next to its ClientOps."""
+
+    def __init__(self, algorithm: Algorithm, ops: ClientOps):
+        self.algorithm, self.ops = algorithm, ops
+        self.n_clients = ops.n_clients
+        self.clusters = list(ops.clusters)
+        self.elastic = isinstance(algorithm, Elastic)
+        self.state: Any = None
+
+    def start(self) -> None:
+        self.state = self.algorithm.init(self.ops)
+
+    def restore(self, tree: Any) -> None:
+        self.state = load_into(self.algorithm.init(self.ops), tree)
+
+    def round(self, t: int) -> dict[str, float]:
+        self.state, stats = self.algorithm.round(self.state, t, self.ops)
+        return stats
+
+    def evaluate(self) -> Evaluation:
+        return evaluate(self.algorithm, self.state, self.ops)
+
+    def models(self) -> torch.Tensor:
+        return self.algorithm.eval_params(self.state)
+
+    def collaboration(self) -> torch.Tensor | None:
+        return self.algorithm.collaboration(self.state)
+
+    def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
+        if isinstance(self.algorithm, KeepsOwnAgreement):  # e.g. a sparse W
+            own = self.algorithm.cluster_agreement(self.state, self.clusters)
+            if own is not None:
+                return own
+        return cluster_agreement(W, self.clusters) if W is not None else {}
+
+    def change_membership(self, kind: str, clients: list[int]) -> None:
+        algo = self.algorithm
+        assert isinstance(algo, Elastic), "the run checks session.elastic first"
+        self.state = (algo.join if kind == "join" else algo.leave)(self.state, list(clients))
+
+    def snapshot(self) -> Any:
+        return state_tree(self.state)
+
+    def report(self) -> dict[str, Any]:
+        execution = self.ops.execution  # the local engine's plan (None: nothing planned)
+        return {} if execution is None else {"execution": execution.as_dict()}
+
+    def artifacts(self) -> dict[str, Any]:
+        if isinstance(self.algorithm, ExportsArtifacts):
+            return self.algorithm.artifacts(self.state)
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,234 @@
+"""One experiment: config -> run directory + summary, in five steps:
+open the directory -> build the session -> restore or start -> loop -> finish.
+
+The run's progress is one object (:class:`RunState`, ``loop.py``); the algorithm state
+lives in the session (``raycobo.engine.session``), whichever engine it is; what the run
+writes is a callback of its own (:class:`RunDir`). Checkpoints hold both, so
+``resume=True`` continues a run from its latest checkpoint with the same numbers as a
+run that was never interrupted (bit for bit on the local engine: all randomness is
+counter-based). Tracking and progress are callbacks; the loop knows neither MLflow nor
+Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from raycobo.config import Config, ConfigError, load_stored_config, with_overrides
+from raycobo.engine import Session, Task, open_session
+from raycobo.lifecycle.callbacks import Callback, RunContext
+from raycobo.lifecycle.loop import Loop, RunState, change_membership
+from raycobo.lifecycle.result import Result
+from raycobo.lifecycle.run_dir import RESUMABLE_KEYS, Resume, RunDir, stored_config_path
+
+
+class RunFailed(RuntimeError):
+    """A run broke after its run directory existed; what it measured is kept there."""
+
+    def __init__(self, run_dir: Path, reason: str, last_round: int = 0):
+        super().__init__(f"run failed: {reason} (partial results in {run_dir})")
+        self.run_dir = run_dir
+        self.reason = reason
+        self.last_round = last_round
+
+    def __reduce__(self):
+        # raised inside Ray workers (sweep trials, parallel compare) and re-raised in the
+        # driver: rebuilt from its own arguments, not from the formatted message
+        return (type(self), (self.run_dir, self.reason, self.last_round))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, ``ray stop``, a pre-empted node): handled like Ctrl-C."""
+
+
+def default_run_dir(cfg: Config, root: str | Path = "runs") -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path(root) / f"{stamp}-{cfg.name}-{cfg.algorithm.name}"
+
+
+def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Config:
+    """The stored config of ``run_dir`` with the overrides a resume allows (``rounds=``)."""
+    cfg = load_stored_config(stored_config_path(Path(run_dir)))
+    over = list(overrides or [])
+    for item in over:
+        key = item.partition("=")[0].strip()
+        if key not in RESUMABLE_KEYS:
+            raise ConfigError(
+                f"cannot override '{key}' when resuming {run_dir}: a resumed run keeps its "
+                "config (only rounds=N, to extend it)"
+            )
+    return with_overrides(cfg, over) if over else cfg
+
+
+class _Signals:
+    """In the main thread, SIGTERM raises :class:`Terminated` (like Ctrl-C's
+    KeyboardInterrupt) so the run ends through its interrupted path; ``deferred()`` holds
+    both signals back while the failure summary is written."""
+
+    def __init__(self):
+        self.main = threading.current_thread() is threading.main_thread()
+        self.previous = None
+
+    def install(self) -> None:
+        """(Again, after Ray's init replaced the handler with its own.)"""
+        if self.main:
+            prev = signal.signal(signal.SIGTERM, self._raise)
+            if self.previous is None:
+                self.previous = prev
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise Terminated("SIGTERM")
+
+    def restore(self) -> None:
+        if self.main and self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        if not self.main:
+            yield
+            return
+        held = [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)]
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, held[0])
+            signal.signal(signal.SIGTERM, held[1])
+
+
+def run_experiment(
+    cfg: Config,
+    out: str | Path | None = None,
+    callbacks: list[Callback] | tuple[Callback, ...] = (),
+    progress: Any = None,
+    resume: bool = False,
+) -> Result:
+    """Run ``cfg`` and write its run directory. ``progress`` is an optional object with
+    ``start(total)``, ``advance(stats, row)`` and ``stop()`` (``raycobo.lifecycle.progress``).
+    ``resume``: continue the run in ``out`` from its latest checkpoint (from round 0 when
+    it has none)."""
+    if resume and out is None:
+        raise ConfigError("resume needs the run directory to continue")
+    writer = RunDir(Path(out) if out is not None else default_run_dir(cfg), cfg)
+    signals = _Signals()
+    signals.install()
+    try:
+        found = writer.open(resume)  # the lock, the checks, config.yaml, a running summary
+        return _run(cfg, writer, found, list(callbacks), progress, signals)
+    finally:
+        writer.close()
+        signals.restore()
+
+
+def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals) -> Result:
+    ctx = RunContext(cfg, writer.path)
+    start = time.perf_counter()
+    session: Session | None = None
+    rs: RunState | None = None
+    try:
+        session, task = open_session(cfg)
+        signals.install()  # Ray's init installs a SIGTERM handler of its own
+        ctx.n_clients, ctx.clusters = session.n_clients, list(session.clusters)
+        ctx.resumed_mlflow_run_id = found.mlflow_run_id if found is not None else None
+        for cb in callbacks:
+            cb.on_run_start(ctx)
+        rs = _restore_or_start(cfg, session, found)
+        loop = Loop(cfg, session, task, ctx, rs, writer, callbacks, start)
+        if found is None or found.checkpoint is None:
+            loop.first_evaluation()
+        if progress is not None:
+            progress.start(cfg.rounds, done=rs.round)
+        while rs.round < cfg.rounds:
+            row, stats = loop.step()
+            if progress is not None:
+                progress.advance(stats, row)
+        summary = _finish(cfg, session, task, ctx, rs, found, start, writer)
+    except BaseException as err:  # keep what was measured, say where, re-raise
+        with signals.deferred():
+            last, unwritten = _record_failure(err, writer, ctx, rs, start, callbacks)
+        if isinstance(err, ConfigError | KeyboardInterrupt):
+            raise
+        reason = _reason(err) + (f"; {unwritten}" if unwritten else "")
+        raise RunFailed(writer.path, reason, last) from err
+    finally:
+        if progress is not None:
+            progress.stop()
+        if session is not None:
+            with contextlib.suppress(Exception):
+                session.close()
+    for cb in callbacks:
+        cb.on_run_end(ctx, summary)
+    return Result(writer.path, summary)
+
+
+def _restore_or_start(cfg: Config, session: Session, found: Resume | None) -> RunState:
+    if found is not None and found.data is not None:
+        return RunState.restore(session, found.data)
+    session.start()
+    rs = RunState()
+    change_membership(cfg, session, rs, "leave", cfg.initially_absent(), 0)
+    return rs
+
+
+def _reason(err: BaseException) -> str:
+    if isinstance(err, KeyboardInterrupt):
+        return "SIGTERM" if isinstance(err, Terminated) else "SIGINT"
+    return f"{type(err).__name__}: {err}"
+
+
+def _record_failure(err, writer: RunDir, ctx: RunContext, rs, start, callbacks):
+    """The failed or interrupted summary, and the callbacks told. -> (the last round,
+    None or why the summary could not be written)"""
+    status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+    reason = _reason(err)
+    progress = (rs.round, rs.compact_history(), rs.wall_before) if rs is not None else None
+    wall = time.perf_counter() - start
+    last, unwritten = writer.fail(status, reason, progress, wall, ctx.mlflow_run_id)
+    ended = {"status": status, "error": reason, "last_round": last}
+    for cb in callbacks:
+        with contextlib.suppress(Exception):  # reporting must not mask the error
+            cb.on_run_end(ctx, ended)
+    return last, unwritten
+
+
+def _finish(cfg, session: Session, task: Task, ctx, rs: RunState, found, start, writer) -> dict:
+    """The final summary and files (W, snapshots, artifacts, plots)."""
+    W = session.collaboration()
+    W_np = W.detach().float().cpu().numpy() if W is not None else None
+    final = rs.history[-1]
+    summary = {
+        "status": "completed",
+        "name": cfg.name,
+        "algorithm": cfg.algorithm.name,
+        "engine": cfg.engine.kind,
+        "dataset": cfg.data.name,
+        "model": task.model,
+        "n_clients": session.n_clients,
+        "rounds": cfg.rounds,
+        "last_round": rs.round,
+        "seed": cfg.seed,
+        "mean_accuracy": final["mean_accuracy"],
+        "mean_loss": final["mean_loss"],
+        "mean_perplexity": final.get("mean_perplexity"),
+        "clients": final["clients"],
+        "collaboration": W_np.tolist() if W_np is not None else None,
+        "cluster_agreement": session.agreement(W),
+        "megabytes_sent": rs.bytes_sent / 1e6 if rs.bytes_sent else None,
+        "membership": rs.membership,
+        "history": rs.compact_history(),
+        "resumed_from_round": found.from_round if found is not None else None,
+        "wall_seconds": rs.wall_before + time.perf_counter() - start,
+        "mlflow_run_id": ctx.mlflow_run_id,
+        **session.report(),
+    }
+    if W_np is not None:
+        rs.snapshots.setdefault(cfg.rounds, W_np)
+    writer.finish(summary, W_np, rs.snapshots, session.artifacts(), ctx.clusters)
+    return summary

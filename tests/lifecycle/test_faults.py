@@ -1,0 +1,337 @@
+"""Runs that survive, part 2: the fault and bad-input cases of the issue, each as it was
+found (a hand-edited config, a corrupt checkpoint, a full disk, SIGTERM at the wrong
+moment, broken files, concurrent first use of an MLflow store, ...)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from raycobo.cli import app
+from raycobo.config import ConfigError, load_config
+from raycobo.lifecycle import RunFailed, Terminated, resume_config, run_experiment
+from raycobo.lifecycle import checkpoint as ckpt
+
+REPO = Path(__file__).resolve().parents[2]
+QUAD = [
+    "data.name=quadratic",
+    "data.partition.clients_per_cluster=[2,3]",
+    "rounds=20",
+    "eval_every=5",
+    "algorithm.sampling=full",
+    "tracking.enabled=false",
+]
+
+
+def quad(*extra: str):
+    return load_config(None, [*QUAD, *extra])
+
+
+def cli(*args) -> object:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_line(res) -> str:
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    return lines[0]
+
+
+# 1 ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("key", "old", "new"), [("seed", "0", "7"), ("lr", "0.1", "0.5")])
+def test_a_hand_edited_config_is_not_resumed(tmp_path, key, old, new):
+    run_experiment(quad(), tmp_path / "r")
+    path = tmp_path / "r" / "config.yaml"
+    text = path.read_text()
+    edited = text.replace(f"seed: {old}\n", f"seed: {new}\n", 1)
+    if key == "lr":
+        edited = text.replace(f"  lr: {old}\n", f"  lr: {new}\n", 1)
+    assert edited != text
+    path.write_text(edited)
+    res = cli("run", "--resume", tmp_path / "r", "rounds=40", "-q")
+    assert res.exit_code == 2
+    dotted = "seed" if key == "seed" else "algorithm.lr"
+    assert f"({dotted} changed)" in one_line(res)
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "completed"
+
+
+# 5 ------------------------------------------------------------------------------------------
+def test_an_unreachable_cluster_stops_within_the_connect_timeout(tmp_path):
+    t0 = time.monotonic()
+    res = cli(
+        "run",
+        REPO / "examples" / "quickstart.yaml",
+        *QUAD,
+        "engine.kind=ray",
+        "engine.address=127.0.0.1:1",
+        "engine.connect_timeout_s=2",
+        "--out",
+        tmp_path / "r",
+        "-q",
+    )
+    assert res.exit_code == 2 and time.monotonic() - t0 < 30
+    line = one_line(res)
+    assert "'engine.address': 127.0.0.1:1" in line and "connect_timeout_s=2" in line
+
+
+# 7 ------------------------------------------------------------------------------------------
+def test_sigterm_while_the_final_files_are_written(tmp_path, monkeypatch):
+    """The end of a run is interruptible too: the summary says interrupted (never running
+    after the process is gone), and --resume writes the final files."""
+    import raycobo.plots as plots
+
+    def terminated(*args, **kwargs):
+        raise Terminated("SIGTERM")
+
+    monkeypatch.setattr(plots, "write_run_plots", terminated)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(quad(), tmp_path / "r")
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["status"] == "interrupted" and s["last_round"] == 20 and s["error"] == "SIGTERM"
+    monkeypatch.undo()
+    res = run_experiment(resume_config(tmp_path / "r"), tmp_path / "r", resume=True)
+    assert res.summary["status"] == "completed" and res.summary["resumed_from_round"] == 20
+    assert (tmp_path / "r" / "plots" / "curves.png").is_file()
+
+
+# 8 ------------------------------------------------------------------------------------------
+def test_a_corrupt_newest_checkpoint_falls_back_to_an_older_one(tmp_path, capfd):
+    from tests.helpers import StopAt
+
+    cfg = quad("checkpoint.keep=3")
+    whole = run_experiment(cfg, tmp_path / "whole")
+    with pytest.raises(RunFailed):
+        run_experiment(cfg, tmp_path / "r", [StopAt(17, RuntimeError("crash"))])
+    found = ckpt.list_checkpoints(tmp_path / "r" / "checkpoints")
+    assert [r for r, _ in found] == [5, 10, 15]
+    found[-1][1].write_bytes(found[-1][1].read_bytes()[:100])  # cut mid-write
+    stale = tmp_path / "r" / "checkpoints" / f".round_000020.pt.{2**22 + 17}.tmp"
+    stale.write_bytes(b"half")  # a killed write's temporary file
+    res = run_experiment(resume_config(tmp_path / "r"), tmp_path / "r", resume=True)
+    err = capfd.readouterr().err
+    assert "round_000015.pt" in err and "trying an older checkpoint" in err
+    assert res.summary["resumed_from_round"] == 10 and not stale.exists()
+    for name in ("metrics.csv", "rounds.csv"):
+        assert (tmp_path / "r" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    assert res.summary["history"] == whole.summary["history"]
+
+
+# 9 ------------------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (root only): a disk that really fills."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)])
+    if done.returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(disk: Path, leave: int) -> None:
+    with open(disk / "filler", "wb") as f:
+        f.write(b"\0" * max(0, shutil.disk_usage(disk).free - leave))
+
+
+@pytest.mark.parametrize("leave", [8 * 1024, 160 * 1024])
+def test_a_full_disk_names_the_file_in_one_line(small_disk, leave):
+    """The run fills the disk (metrics rows, checkpoints): one line that names the file
+    and says 'no space left on device'; a summary whenever it still fits."""
+    _fill(small_disk, leave)
+    res = cli(
+        "run",
+        REPO / "examples" / "quickstart.yaml",
+        *QUAD,
+        "rounds=400",
+        "data.partition.clients_per_cluster=[20,20]",
+        "--out",
+        small_disk / "r",
+        "-q",
+    )
+    assert res.exit_code in (1, 2), res.output
+    line = one_line(res)
+    assert "no space left on device" in line and str(small_disk / "r") in line, line
+    summary = small_disk / "r" / "summary.json"
+    if summary.exists():
+        assert json.loads(summary.read_text())["status"] == "failed"
+
+
+def test_paths_that_cannot_be_a_run_directory_are_bad_input(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for out in (tmp_path / "file", tmp_path / ("n" * 300)):
+        res = cli("run", REPO / "examples" / "quickstart.yaml", *QUAD, "--out", out, "-q")
+        assert res.exit_code == 2 and "cannot write the run directory" in one_line(res)
+
+
+def test_the_checkpoint_in_a_summary_is_absolute(tmp_path, monkeypatch):
+    from tests.helpers import StopAt
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunFailed):
+        run_experiment(quad(), Path("rel"), [StopAt(7, RuntimeError("x"))])
+    s = json.loads((tmp_path / "rel" / "summary.json").read_text())
+    assert s["checkpoint"] == str(tmp_path / "rel" / "checkpoints" / "round_000005.pt")
+
+
+# 10 -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("damage", ["truncated", "not gzip"])
+def test_damaged_fashion_mnist_files_are_named(tmp_path, damage):
+    src = Path("/usr/share/datasets/fashion-mnist")
+    root = tmp_path / "fm"
+    root.mkdir()
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte"):
+        if (src / f"{name}.gz").is_file():
+            shutil.copy(src / f"{name}.gz", root / f"{name}.gz")
+        else:  # a tiny but valid file in the real format
+            with gzip.open(root / f"{name}.gz", "wb") as f:
+                f.write(bytes([0, 0, 8, 1]) + (4).to_bytes(4, "big") + bytes(4))
+    bad = root / "t10k-labels-idx1-ubyte.gz"
+    if damage == "truncated":
+        with gzip.open(bad, "wb") as f:
+            f.write(bytes([0, 0, 8, 1]) + (10000).to_bytes(4, "big") + bytes(9000))
+        bad.write_bytes(bad.read_bytes()[:-20])
+    else:
+        bad.write_bytes(b"this is not gzip at all")
+    res = cli(
+        "run",
+        REPO / "examples" / "quickstart.yaml",
+        f"data.root={root}",
+        "--out",
+        tmp_path / "r",
+        "-q",
+        "--no-tracking",
+    )
+    assert res.exit_code == 2
+    assert str(bad) in one_line(res)
+
+
+# 11 -----------------------------------------------------------------------------------------
+def test_a_bad_encoder_path_is_one_line(tmp_path):
+    import pickle
+
+    import torch
+
+    from tests.helpers import DIGITS
+
+    (tmp_path / "noise.pt").write_bytes(os.urandom(256))
+    (tmp_path / "code.pt").write_bytes(pickle.dumps(Path("x")))
+    torch.save({"state_dict": {}}, tmp_path / "nosizes.pt")
+    for name, needle in [
+        ("noise.pt", "cannot be read as a meta-L2C encoder"),
+        ("code.pt", "cannot be read as a meta-L2C encoder"),
+        ("nosizes.pt", "is not a meta-L2C encoder"),
+    ]:
+        cfg = load_config(
+            None,
+            [*DIGITS, "algorithm.name=meta_l2c", f"algorithm.encoder_path={tmp_path / name}"],
+        )
+        with pytest.raises(ConfigError, match=needle) as info:
+            run_experiment(cfg, tmp_path / name.replace(".", "_"))
+        assert "algorithm.encoder_path" in str(info.value) and "\n" not in str(info.value)
+
+
+# 12 -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", ".inf"])
+def test_non_finite_numbers_are_bad_input(tmp_path, value):
+    res = cli("run", REPO / "examples" / "quickstart.yaml", f"algorithm.lr={value}", "-q")
+    assert res.exit_code == 2 and "'algorithm.lr'" in one_line(res)
+
+
+# 13, 14, 16 ---------------------------------------------------------------------------------
+def test_compare_refuses_a_typo_in_overrides_and_says_what_a_resume_takes(tmp_path):
+    res = cli(
+        "compare",
+        REPO / "examples" / "quickstart.yaml",
+        *QUAD,
+        "compare.overrides={cobbo: {algorithm.lr: 0.2}}",
+        "-a",
+        "local,cobo",
+        "--out",
+        tmp_path / "c",
+    )
+    assert res.exit_code == 2 and "compare.overrides.cobbo" in one_line(res)
+    res = cli("compare", "--resume", tmp_path / "c", "rounds=100")
+    assert res.exit_code == 2
+    assert "takes no overrides (got rounds=100)" in one_line(res)
+
+
+def test_two_comparisons_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
+    from raycobo.comparison.plan import default_root
+
+    monkeypatch.chdir(tmp_path)
+    a, b = default_root(quad()), default_root(quad())
+    assert a != b and a.is_dir() and b.is_dir() and b.name == f"{a.name}-2"
+
+
+# 15 -----------------------------------------------------------------------------------------
+def test_runs_started_at_once_on_a_new_mlflow_store_all_track(tmp_path):
+    db = tmp_path / "mlruns.db"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "raycobo",
+                "run",
+                str(REPO / "examples" / "quickstart.yaml"),
+                *[q for q in QUAD if not q.startswith("tracking.")],
+                "rounds=5",
+                f"tracking.uri=sqlite:///{db}",
+                f"tracking.artifact_root={tmp_path / 'art'}",
+                "--out",
+                str(tmp_path / f"r{k}"),
+                "-q",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(3)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and "tracking disabled" not in err, err
+    ids = [json.loads((tmp_path / f"r{k}" / "summary.json").read_text()) for k in range(3)]
+    assert all(s["mlflow_run_id"] for s in ids) and len({s["mlflow_run_id"] for s in ids}) == 3
+
+
+# 6 ------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_sigterm_to_a_ray_engine_run_is_an_interruption(tmp_path):
+    """Ray's init installs its own SIGTERM handler (exit without a summary); the run puts
+    its own back: exit 130, status interrupted, and --resume finishes the run."""
+    args = [
+        "run",
+        str(REPO / "examples" / "quickstart.yaml"),
+        *QUAD,
+        "rounds=100000",
+        "eval_every=20",
+        "engine.kind=ray",
+        "engine.num_cpus=2",
+        "--out",
+        str(tmp_path / "r"),
+        "-q",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raycobo", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 120
+    while not ckpt.list_checkpoints(tmp_path / "r" / "checkpoints"):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["status"] == "interrupted" and s["error"] == "SIGTERM" and s["last_round"] > 0

@@ -1,0 +1,93 @@
+"""The house rules the README's "Design" section states, checked on the source: imports
+point downward only, rooms stay small, one mode is one object."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "raycobo"
+
+# lower ranks first; a module may import its own rank and below (lazy imports included)
+RANKS = {
+    "settings": 0,
+    "rng": 0,
+    "state": 0,
+    "plots": 0,
+    "registry": 0,
+    "algorithms": 1,
+    "config": 2,
+    "data": 3,
+    "models": 3,
+    "engine": 4,
+    "lifecycle": 5,
+    "tracking": 6,
+    "comparison": 7,
+    "tune": 7,
+    "bench": 7,
+    "api": 8,
+    "__init__": 8,
+    "cli": 9,
+    "__main__": 10,
+}
+
+
+def _modules():
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG)
+        yield path, rel.parts[0].removesuffix(".py"), ast.parse(path.read_text())
+
+
+def _imported(tree: ast.AST) -> list[str]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append(node.module)
+            if node.module == "raycobo":  # from raycobo import plots
+                out += [f"raycobo.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+    return [m for m in out if m.startswith("raycobo.")]
+
+
+def test_imports_point_downward():
+    wrong = []
+    for path, top, tree in _modules():
+        for mod in _imported(tree):
+            target = mod.split(".")[1]
+            if target in RANKS and RANKS[target] > RANKS[top]:
+                wrong.append(f"{path.relative_to(PKG)} imports {mod}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("package", ["lifecycle", "engine/ray", "comparison"])
+def test_no_function_over_60_lines(package):
+    long = []
+    for path in sorted((PKG / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{path.relative_to(PKG)}:{node.lineno} {node.name} ({lines})")
+    assert not long, "\n".join(long)
+
+
+def test_engine_modes_are_objects_not_flags():
+    """The Ray coordinator's round policies are chosen once, not tested per call."""
+    text = "\n".join(p.read_text() for p in (PKG / "engine").rglob("*.py"))
+    assert "if self.resident" not in text
+    assert "hasattr(" not in text and "__wrapped__" not in text
+
+
+def test_no_module_shadows_a_name_of_the_api():
+    """`import raycobo.x` sets the attribute `raycobo.x` to the module: a subpackage
+    named like an API function (run, compare, ...) would replace the function."""
+    import raycobo
+
+    modules = {p.stem for p in PKG.glob("*.py")} | {p.name for p in PKG.iterdir() if p.is_dir()}
+    assert not set(raycobo.__all__) & modules
+    import raycobo.cli  # noqa: F401 - imports the whole package tree
+
+    assert callable(raycobo.run) and callable(raycobo.compare) and callable(raycobo.sweep)

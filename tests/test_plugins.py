@@ -1,0 +1,388 @@
+"""Your own method, data and model: plugins named by import path or entry point, found
+by the registries the built-ins use, validated, run, resumed, compared, tracked and
+swept like them; the Python API."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import raycobo
+from raycobo.cli import app
+from raycobo.config import ConfigError, load_config
+from tests.helpers import DIGITS
+
+REPO = Path(__file__).resolve().parents[1]
+FEDPROX = REPO / "examples" / "plugins" / "fedprox.py"
+
+MODELS_PY = """
+import torch
+from torch import nn
+
+
+class TinyNet(nn.Module):
+    def __init__(self, input_shape, num_classes, width=8):
+        super().__init__()
+        features = int(torch.tensor(input_shape).prod())
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(features, width), nn.Tanh())
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def not_a_module(input_shape, num_classes):
+    return 3
+"""
+
+DATA_PY = '''
+import torch
+from raycobo import RawDataset
+
+
+def blobs(cfg, seed):
+    """Four Gaussian blobs in 2-D (classes), sized by data.options."""
+    g = torch.Generator().manual_seed(seed)
+    n = cfg.options.get("n", 400)
+    y = torch.randint(0, 4, (n,), generator=g)
+    centers = torch.tensor([[2.0, 0], [0, 2.0], [-2.0, 0], [0, -2.0]])
+    x = centers[y] + 0.5 * torch.randn(n, 2, generator=g)
+    return RawDataset("blobs", x[: n // 2], y[: n // 2], x[n // 2 :], y[n // 2 :], 4)
+
+
+def wrong(cfg, seed):
+    return [1, 2, 3]
+'''
+
+BROKEN_PY = """
+from raycobo import MethodConfig
+
+
+class NoSettings:
+    name = "x"
+
+
+class Half:
+    name = "half"
+    Settings = MethodConfig
+
+    def init(self, ops):
+        return None
+"""
+
+
+@pytest.fixture
+def plugins(tmp_path):
+    """A plugin folder with FedProx (the example), a model, a data set and broken ones."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    shutil.copy(FEDPROX, folder / "fp_mod.py")
+    (folder / "my_models.py").write_text(MODELS_PY)
+    (folder / "my_data.py").write_text(DATA_PY)
+    (folder / "broken.py").write_text(BROKEN_PY)
+    yield folder
+    for name in ("fp_mod", "my_models", "my_data", "broken"):
+        sys.modules.pop(name, None)
+
+
+def fedprox(folder: Path, *extra: str) -> list[str]:
+    return [
+        *DIGITS,
+        f"plugin_paths=[{folder}]",
+        "algorithm.name=fp_mod:FedProx",
+        "algorithm.local_steps=3",
+        *extra,
+    ]
+
+
+def test_fedprox_with_mu_zero_gives_fedavgs_numbers(tmp_path, plugins):
+    """The worked example is a real FedProx: with mu = 0 every client's metric at every
+    evaluation is FedAvg's (metrics.csv byte for byte)."""
+    prox = raycobo.run(load_config(None, fedprox(plugins, "algorithm.mu=0")), tmp_path / "p")
+    base = load_config(None, [*DIGITS, "algorithm.name=fedavg", "algorithm.local_steps=3"])
+    avg = raycobo.run(base, tmp_path / "a")
+    assert (tmp_path / "p" / "metrics.csv").read_bytes() == (
+        tmp_path / "a" / "metrics.csv"
+    ).read_bytes()
+    assert prox.summary["algorithm"] == "fp_mod:FedProx"
+    mu = raycobo.run(load_config(None, fedprox(plugins, "algorithm.mu=1.0")), tmp_path / "m")
+    assert mu.summary["mean_loss"] != avg.summary["mean_loss"]  # mu does something
+
+
+def test_plugin_method_on_both_local_engines_and_its_settings(tmp_path, plugins):
+    from tests.helpers import on_engines
+
+    cfg = load_config(None, fedprox(plugins, "algorithm.mu=0.1"))
+    assert type(cfg.algorithm).__name__ == "FedProxConfig" and cfg.algorithm.mu == 0.1
+    (_, ops_a, a), (_, ops_b, b) = on_engines(cfg, 3)
+    torch.testing.assert_close(a.w, b.w, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match=r"'algorithm.mu'.*greater than or equal to 0"):
+        load_config(None, fedprox(plugins, "algorithm.mu=-1"))
+    with pytest.raises(ConfigError, match="algorithm.lam': fp_mod:FedProx has no setting 'lam'"):
+        load_config(None, fedprox(plugins, "algorithm.lam=1"))
+    res = CliRunner().invoke(
+        app, ["run", "--help-config", "fp_mod:FedProx"], env={"PYTHONPATH": str(plugins)}
+    )
+    assert res.exit_code == 0 and "algorithm.mu" in res.output and "0.01" in res.output
+
+
+def test_plugin_method_resumes_bit_exactly(tmp_path, plugins):
+    from raycobo.lifecycle import RunFailed
+    from raycobo.lifecycle.experiment import resume_config, run_experiment
+    from tests.helpers import StopAt
+
+    cfg = load_config(None, fedprox(plugins, "rounds=8", "eval_every=2"))
+    full = run_experiment(cfg, tmp_path / "full")
+    with pytest.raises(RunFailed):
+        run_experiment(cfg, tmp_path / "cut", [StopAt(5, RuntimeError("crash"))])
+    resumed = run_experiment(resume_config(tmp_path / "cut"), tmp_path / "cut", resume=True)
+    assert resumed.summary["resumed_from_round"] == 4
+    for name in ("metrics.csv", "rounds.csv"):
+        assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
+    assert resumed.summary["history"] == full.summary["history"]
+
+
+def test_plugin_next_to_builtins_in_compare_and_mlflow(tmp_path, plugins):
+    """`raycobo compare` runs the plugin as a variant beside FedAvg and CoBo; every run is
+    an MLflow child with the plugin's own params."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path / "m.db"
+    cfg = load_config(
+        None,
+        [
+            *[d for d in DIGITS if not d.startswith("tracking.")],
+            f"plugin_paths=[{plugins}]",
+            f"tracking.uri=sqlite:///{db}",
+            f"tracking.artifact_root={tmp_path / 'art'}",
+            "compare.variants={fedprox: {algorithm.name: 'fp_mod:FedProx', algorithm.mu: 0.1}}",
+        ],
+    )
+    cmp = raycobo.compare(cfg, ["fedavg", "cobo", "fedprox"], out=tmp_path / "c")
+    assert [r["algorithm"] for r in cmp.rows] == ["fedavg", "cobo", "fedprox"]
+    assert all(r["mean_accuracy"] is not None for r in cmp.rows)
+    assert list(cmp.frame()["algorithm"]) == ["fedavg", "cobo", "fedprox"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    mine = [r for r in runs if r.data.params.get("algorithm.name") == "fp_mod:FedProx"]
+    assert len(mine) == 1 and mine[0].data.params["algorithm.mu"] == "0.1"
+    assert mine[0].info.status == "FINISHED"
+
+
+def test_plugin_data_set_and_model(tmp_path, plugins):
+    """A data set (a loader returning a RawDataset, partitioned like the built-ins, its
+    settings in data.options) and a model (an nn.Module with constructor options)."""
+    cfg = load_config(
+        None,
+        [
+            "rounds=20",
+            "eval_every=10",
+            "tracking.enabled=false",
+            f"plugin_paths=[{plugins}]",
+            "data.name=my_data:blobs",
+            "data.options={n: 600}",
+            "data.partition.num_clusters=2",
+            "data.partition.clients_per_cluster=2",
+            "data.fraction=0.5",
+            "model.name=my_models:TinyNet",
+            "model.options={width: 6}",
+            "algorithm.name=local",
+        ],
+    )
+    res = raycobo.run(cfg, tmp_path / "r")
+    assert res.summary["dataset"] == "my_data:blobs" and res.summary["model"] == "my_models:TinyNet"
+    assert res.summary["n_clients"] == 4 and res.mean_accuracy > 0.4
+    frame = res.frame("metrics")
+    assert set(frame["client"]) == {0, 1, 2, 3} and len(res.rounds()) == 20
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("algorithm.name=nowhere.mod:X", "cannot import module 'nowhere.mod'"),
+        ("algorithm.name=broken:Missing", "module 'broken' has no 'Missing'"),
+        ("algorithm.name=broken:NoSettings", "has no settings class"),
+        ("algorithm.name=broken:Half", "does not implement the Algorithm protocol"),
+        ("algorithm.name=nosuchmethod", "unknown method 'nosuchmethod'"),
+        ("data.name=my_data:wrong", "returned a list, not a raycobo RawDataset"),
+        ("model.name=my_models:not_a_module", "built a int, not a torch.nn.Module"),
+        ("model.options={depth: 3}", "model.options': mlp is a built-in model"),
+        ("data.options={n: 3}", "data.options': digits is a built-in data set"),
+    ],
+)
+def test_bad_plugins_stop_with_one_line_and_exit_2(tmp_path, plugins, override, needle):
+    args = ["run", "-", *DIGITS, f"plugin_paths=[{plugins}]", override, "-q"]
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("name: p\n")
+    args[1] = str(cfg_file)
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.strip().splitlines()
+    assert needle in line, line
+
+
+def _install_entry_point(site: Path, plugins: Path) -> None:
+    """An installed distribution as importlib.metadata sees one: its module and a
+    .dist-info with entry points (what `pip install` writes into site-packages)."""
+    shutil.copy(plugins / "fp_mod.py", site / "fedprox_pkg.py")
+    info = site / "fedprox_pkg-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fedprox-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[raycobo.methods]\nfedprox = fedprox_pkg:FedProx\n"
+        "[raycobo.models]\ntinynet = tiny_models:TinyNet\n"
+    )
+    (site / "tiny_models.py").write_text(MODELS_PY)
+
+
+def test_installed_plugins_are_found_by_name(tmp_path, plugins, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    _install_entry_point(site, plugins)
+    monkeypatch.syspath_prepend(str(site))
+    from raycobo.algorithms import method, method_names
+
+    assert "fedprox" in method_names()
+    assert method("fedprox").settings.__name__ == "FedProxConfig"
+    cfg = load_config(None, [*DIGITS, "algorithm.name=fedprox", "model.name=tinynet"])
+    res = raycobo.run(cfg, tmp_path / "r")
+    assert res.status == "completed" and res.summary["algorithm"] == "fedprox"
+    # the command line finds it too (a fresh process, the distribution on its path)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run(
+        [sys.executable, "-m", "raycobo", "run", "--help-config", "fedprox"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "algorithm.mu" in out.stdout, out.stderr
+    for mod in ("fedprox_pkg", "tiny_models"):
+        sys.modules.pop(mod, None)
+
+
+def test_python_api_round_trip(tmp_path):
+    cfg = load_config(None, DIGITS)
+    res = raycobo.run(cfg, tmp_path / "r", rounds=4, algorithm__name="cobo")
+    assert isinstance(res, raycobo.Result) and res.summary["rounds"] == 4
+    assert res.W is not None and res.W.shape == (4, 4)
+    assert list(res.frame("history")["round"]) == [0, 3, 4]
+    longer = raycobo.resume(tmp_path / "r", rounds=6)
+    assert longer.summary["rounds"] == 6 and longer.summary["resumed_from_round"] == 4
+    again = raycobo.load_run(tmp_path / "r")
+    assert again.summary == longer.summary and len(again.metrics()) == 4 * 4
+    with pytest.raises(ConfigError, match="not a run directory"):
+        raycobo.load_run(tmp_path)
+    tree = json.loads(json.dumps(cfg.to_dict()))
+    from_dict = raycobo.run(tree, tmp_path / "d", rounds=4)
+    assert from_dict.summary["mean_loss"] == res.summary["history"][-1]["mean_loss"]
+
+
+def test_arrays_from_one_file_through_every_partition(tmp_path):
+    """A .npz with features and labels, split among clients by each partition; the same
+    arrays in a .pt file give the same data."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 3, 4)).astype(np.float32)
+    y = rng.integers(0, 6, size=600)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    torch.save({"x": torch.from_numpy(x), "y": torch.from_numpy(y)}, tmp_path / "d.pt")
+    from raycobo.data import PARTITIONS, load_data
+
+    for kind in PARTITIONS:
+        over = [
+            "data.name=arrays",
+            f"data.path={tmp_path / 'd.npz'}",
+            f"data.partition.kind={kind}",
+            "data.partition.num_clusters=2",
+            "data.partition.clients_per_cluster=2",
+            "data.partition.classes_per_client=2",
+            "data.partition.shards_per_class=2",
+            "data.fraction=0.5",
+        ]
+        data = load_data(load_config(None, over))
+        assert data.n_clients >= 2 and data.input_shape == (3, 4), kind
+        assert all(t.numel() > 0 for t in data.train_idx), kind
+        pt = load_data(load_config(None, [*over[:1], f"data.path={tmp_path / 'd.pt'}", *over[2:]]))
+        assert torch.equal(pt.train_x, data.train_x) and all(
+            torch.equal(a, b) for a, b in zip(pt.train_y, data.train_y, strict=True)
+        )
+
+
+def test_arrays_one_file_per_client_keep_their_clusters(tmp_path):
+    folder = tmp_path / "clients"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    for c in range(3):
+        n = 30 + 10 * c
+        np.savez(
+            folder / f"client{c}.npz",
+            x=rng.normal(size=(n, 5)).astype(np.float32),
+            y=rng.integers(0, 3, size=n),
+            cluster=np.int64(c % 2),
+        )
+    from raycobo.data import load_data
+
+    cfg = load_config(None, ["data.name=arrays", f"data.path={folder}", "model.hidden=[8]"])
+    data = load_data(cfg)
+    assert data.n_clients == 3 and data.clusters == [0, 1, 0]
+    assert [t.numel() + s.numel() for t, s in zip(data.train_idx, data.test_idx, strict=True)] == [
+        30,
+        40,
+        50,
+    ]
+    res = raycobo.run(cfg, tmp_path / "r", rounds=3, eval_every=3, tracking__enabled=False)
+    assert res.status == "completed"
+    with pytest.raises(ConfigError, match="data.partition'"):
+        load_data(load_config(None, [*cfg_over(folder), "data.partition.kind=shards"]))
+
+
+def cfg_over(folder: Path) -> list[str]:
+    return ["data.name=arrays", f"data.path={folder}"]
+
+
+def test_image_folder_layout_through_the_partitions(tmp_path):
+    from PIL import Image
+
+    from raycobo.data import load_data
+
+    rng = np.random.default_rng(2)
+    for split in ("train", "test"):
+        for k, cls in enumerate(["cat", "dog", "eel"]):
+            d = tmp_path / "imgs" / split / cls
+            d.mkdir(parents=True)
+            for i in range(8 if split == "train" else 3):
+                pixels = rng.integers(0, 255, size=(8, 8, 3), dtype=np.uint8) // (k + 1)
+                Image.fromarray(pixels).save(d / f"{i}.png")
+    over = ["data.name=image_folder", f"data.root={tmp_path / 'imgs'}", "data.fraction=1.0"]
+    for kind in ("label_permutation", "disjoint_classes", "dirichlet"):
+        extra = ["data.partition.num_clusters=3", "data.partition.clients_per_cluster=1"]
+        data = load_data(load_config(None, [*over, f"data.partition.kind={kind}", *extra]))
+        assert data.input_shape == (3, 8, 8) and data.n_clients == 3, kind
+    resized = load_data(load_config(None, [*over, "data.image_size=4"]))
+    assert resized.input_shape == (3, 4, 4)
+    (tmp_path / "imgs" / "train" / "cat" / "bad.png").write_bytes(b"not a png")
+    with pytest.raises(ConfigError, match="cannot read image .*bad.png"):
+        load_data(load_config(None, over))
+
+
+def test_bad_data_files_are_one_line(tmp_path):
+    from raycobo.data import load_data
+
+    (tmp_path / "t.npz").write_bytes(b"PK\x03\x04 truncated")
+    for path, needle in [
+        (tmp_path / "t.npz", "cannot read"),
+        (tmp_path / "missing.npz", "is not a .npz or .pt file"),
+    ]:
+        with pytest.raises(ConfigError, match=needle):
+            load_data(load_config(None, ["data.name=arrays", f"data.path={path}"]))
+    with pytest.raises(ConfigError, match="data.path': fashion_mnist does not read it"):
+        load_data(load_config(None, ["data.name=fashion_mnist", f"data.path={tmp_path}"]))
