@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test install data lint clean bench llm fidelity fidelity-quick
+.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick fidelity-ablation
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,19 @@ data:
 demo: install data
 	$(VENV)/bin/raycobo demo examples/quickstart.yaml
 
+# the suite without the tests marked slow (minutes); test-slow runs those; CI runs both
 test: install
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+test-all: install
 	$(PY) -m pytest -q
+
+# `ray up` / `ray submit` / `ray exec` / `ray down` over SSH on loopback (needs sshd, rsync)
+cluster-test: install
+	$(PY) -m pytest -q -s tests/cluster/test_ray_up.py
 
 lint: install
 	$(VENV)/bin/ruff check raycobo tests benchmarks

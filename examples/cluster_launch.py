@@ -6,7 +6,8 @@
         python examples/cluster_launch.py run examples/scaling_study.yaml
 
 It joins the running cluster (engine.address=auto) and logs to the head's MLflow server
-(tracking.uri=http://<head>:5000) unless the arguments set those keys themselves.
+(tracking.uri=http://<head>:5000; RAYCOBO_MLFLOW_HOST and RAYCOBO_MLFLOW_PORT change the
+address, as in the recipes' head_setup_commands) unless the arguments set those keys.
 Use --smoke-test with a sweep to check the cluster end to end first.
 """
 
@@ -28,7 +29,8 @@ def cluster_args(argv: list[str], tracking_host: str | None = None) -> list[str]
             args.append("engine.address=auto")
         if "tracking.uri" not in keys:
             host = tracking_host or os.environ.get("RAYCOBO_MLFLOW_HOST") or socket.gethostname()
-            args.append(f"tracking.uri=http://{host}:5000")
+            port = os.environ.get("RAYCOBO_MLFLOW_PORT", "5000")
+            args.append(f"tracking.uri=http://{host}:{port}")
     return args
 
 

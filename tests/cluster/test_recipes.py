@@ -61,11 +61,13 @@ def test_aws_cluster_yaml():
         assert "InstanceType" in node["node_config"] and "ImageId" in node["node_config"], name
     workers = [n for k, n in c["available_node_types"].items() if k != c["head_node_type"]]
     assert all(n["max_workers"] >= n["min_workers"] for n in workers)
-    assert any("pip install" in cmd and '-e ".[cluster]"' in cmd for cmd in c["setup_commands"])
+    assert any("pip install" in cmd and 'raycobo[cluster]"' in cmd for cmd in c["setup_commands"])
     assert any("constraints.txt" in cmd for cmd in c["setup_commands"])
     assert any("ray start --head" in cmd for cmd in c["head_start_ray_commands"])
     assert any("$RAY_HEAD_IP" in cmd for cmd in c["worker_start_ray_commands"])
-    assert any("mlflow server" in cmd for cmd in c["head_setup_commands"])
+    assert any("start_mlflow.sh" in cmd for cmd in c["head_setup_commands"])
+    script = (ROOT / "cluster" / "start_mlflow.sh").read_text()
+    assert "mlflow server" in script and "0.0.0.0" not in script  # the cluster address
 
 
 def test_local_cluster_yaml():

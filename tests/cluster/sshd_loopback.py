@@ -1,0 +1,146 @@
+"""An SSH server on loopback for the cluster tests: a throwaway host key and client key,
+an isolated home, never the machine's own SSH configuration.
+
+``LoopbackSSH`` starts ``sshd -D`` on a free port of 127.0.0.1 (and 127.0.0.2) with its
+own config in a temporary folder. Every session runs through a wrapper that sets HOME to
+the test's home (so `ray up`'s file mounts, ~/.bashrc and ~/ray_bootstrap_*.yaml land
+there) and the environment the test asks for. Clients reach the port through
+``relay.py`` (an SSH ProxyCommand), since Ray's local provider always dials port 22.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RELAY = """import os, select, socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+fds = [sys.stdin.fileno(), s]
+while True:
+    r, _, _ = select.select(fds, [], [])
+    if sys.stdin.fileno() in r:
+        data = os.read(sys.stdin.fileno(), 65536)
+        if not data:
+            s.shutdown(socket.SHUT_WR)
+            fds.remove(sys.stdin.fileno())
+        else:
+            s.sendall(data)
+    if s in r:
+        data = s.recv(65536)
+        if not data:
+            break
+        os.write(sys.stdout.fileno(), data)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LoopbackSSH:
+    def __init__(self, root: Path, env: dict[str, str]):
+        self.root = root
+        self.home = root / "home"
+        self.port = free_port()
+        self.key = root / "id_ed25519"
+        self.relay = root / "relay.py"
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self._made_run_dir = False
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        self.home.mkdir(parents=True)
+        for key in (self.root / "host_key", self.key):
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True
+            )
+        (self.root / "authorized_keys").write_text(self.key.with_suffix(".pub").read_text())
+        os.chmod(self.root / "authorized_keys", 0o600)
+        self.relay.write_text(RELAY)
+        exports = "".join(f"export {k}='{v}'\n" for k, v in self.env.items())
+        wrapper = self.root / "session.sh"
+        wrapper.write_text(
+            "#!/bin/bash\n"
+            f"export HOME='{self.home}'\n{exports}cd \"$HOME\"\n"
+            'if [ -n "$SSH_ORIGINAL_COMMAND" ]; then exec /bin/bash -c "$SSH_ORIGINAL_COMMAND"; '
+            "else exec /bin/bash -l; fi\n"
+        )
+        os.chmod(wrapper, 0o755)
+        user = (
+            os.environ.get("USER")
+            or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+        )
+        config = self.root / "sshd_config"
+        config.write_text(
+            f"Port {self.port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\n"
+            f"HostKey {self.root / 'host_key'}\n"
+            f"AuthorizedKeysFile {self.root / 'authorized_keys'}\n"
+            f"PidFile {self.root / 'sshd.pid'}\n"
+            "StrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+            f"AllowUsers {user}\nForceCommand {wrapper}\nX11Forwarding no\n"
+            "MaxStartups 100\nMaxSessions 100\n"
+        )
+        if not Path("/run/sshd").is_dir():  # sshd's privilege-separation directory
+            Path("/run/sshd").mkdir(mode=0o755, parents=True)
+            self._made_run_dir = True
+        self.proc = subprocess.Popen(
+            [sshd, "-D", "-e", "-f", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "sshd.log", "w"),  # noqa: SIM115 - kept while it runs
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError((self.root / "sshd.log").read_text())
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def proxy_command(self) -> str:
+        return f"{sys.executable} {self.relay} %h {self.port}"
+
+    def ssh(self, host: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [
+                "ssh",
+                "-i",
+                str(self.key),
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                f"UserKnownHostsFile={os.devnull}",
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                f"ProxyCommand={self.proxy_command()}",
+                f"{os.environ.get('USER', 'root')}@{host}",
+                command,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self._made_run_dir:
+            shutil.rmtree("/run/sshd", ignore_errors=True)
