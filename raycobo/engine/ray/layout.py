@@ -24,9 +24,35 @@ def plugin_runtime_env(cfg: Config) -> dict | None:
 
 
 def plugin_options(cfg: Config) -> dict:
-    """Actor/task options that give a worker the config's plugins (empty: none)."""
+    """Actor/task options that give a worker the config's plugins (empty: none). Ray
+    takes local modules only in ``ray.init``; an actor's or task's runtime environment
+    must name them by URI. So the modules are packed and put into the connected
+    cluster's store here (the step ``ray.init`` takes for its own runtime environment),
+    which also serves a Ray that was started without them."""
     env = plugin_runtime_env(cfg)
-    return {"runtime_env": env} if env else {}
+    if not env:
+        return {}
+    return {"runtime_env": {"py_modules": _uploaded(env["py_modules"])}}
+
+
+def _uploaded(modules: list) -> list[str]:
+    """``gcs://`` URIs of ``modules`` in the connected Ray cluster, packed once per module
+    (Ray names a package by its content's hash, so an edited module is packed anew)."""
+    import logging
+    import tempfile
+
+    import ray
+    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+
+    node = ray._private.worker.global_worker.node
+    scratch = node.get_runtime_env_dir_path() if node is not None else tempfile.mkdtemp()
+    env = upload_py_modules_if_needed(
+        {"py_modules": list(modules)},
+        include_gitignore=True,
+        scratch_dir=scratch,
+        logger=logging.getLogger("raycobo.plugins"),
+    )
+    return list(env["py_modules"])
 
 
 def _address_of(address: str) -> tuple[str, int] | None:
