@@ -187,6 +187,31 @@ def label_groups(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
     return _from_client_samples(raw, per_client, clusters, cfg, g)
 
 
+def _deal_distinct(M: int, P: int, N: int, K: int, g: torch.Generator) -> torch.Tensor:
+    """Deal each of M classes' P shards to K tasks of N cards so that no task gets a
+    class twice: random deals, then (where none worked, as for 100 tasks) swaps that
+    remove the last deal's repeats. -> (K, N) class ids"""
+    for _ in range(1000):  # a plain random deal first (what earlier versions drew)
+        tasks = torch.arange(M).repeat_interleave(P)[torch.randperm(M * P, generator=g)]
+        tasks = tasks.view(K, N)
+        if all(t.unique().numel() == N for t in tasks):
+            return tasks
+    for _ in range(100 * K * N):
+        bad = [k for k in range(K) if tasks[k].unique().numel() < N]
+        if not bad:
+            return tasks
+        k = bad[int(torch.randint(len(bad), (1,), generator=g))]
+        row = tasks[k].tolist()
+        a = next(i for i, c in enumerate(row) if row.count(c) > 1)  # a repeated card
+        o, b = int(torch.randint(K, (1,), generator=g)), int(torch.randint(N, (1,), generator=g))
+        mine, theirs = int(tasks[k, a]), int(tasks[o, b])
+        ok_here = theirs not in row
+        ok_there = o != k and (mine not in tasks[o].tolist() or mine == theirs)
+        if ok_here and ok_there:
+            tasks[k, a], tasks[o, b] = theirs, mine
+    raise ConfigError("invalid config key 'data.partition': could not deal distinct shards")
+
+
 def shards(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
     """L2C Figure 2: M classes with P shards each (``shards_per_class``); K = M*P/N tasks
     of N random distinct classes (``classes_per_client``) with one shard per class. A
@@ -209,14 +234,7 @@ def shards(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
         idx = idx[torch.randperm(idx.numel(), generator=g)]
         idx = idx[: int(round(cfg.fraction * idx.numel()))]
         shard_of[c] = list(torch.tensor_split(idx, P))
-    # deal each class's P shards to K tasks so that no task gets a class twice
-    for _ in range(1000):
-        deck = torch.arange(M).repeat_interleave(P)[torch.randperm(M * P, generator=g)]
-        tasks = deck.view(K, N)
-        if all(t.unique().numel() == N for t in tasks):
-            break
-    else:
-        raise ConfigError("invalid config key 'data.partition': could not deal distinct shards")
+    tasks = _deal_distinct(M, P, N, K, g)
     used = dict.fromkeys(range(M), 0)
     per_client, sets = [], []
     for t in tasks.tolist():
