@@ -134,25 +134,56 @@ def compare(
     parallel: bool = False,
     track: bool | None = None,
     progress: bool = False,
+    tune: dict[str, str | Path] | None = None,
     **overrides: Any,
 ) -> Comparison:
     """Several methods (or ``compare.variants``) on the same setting and seeds: a table,
-    plots and an HTML report in ``out``. ``algorithms`` default to ``compare.algorithms``."""
+    plots and an HTML report in ``out``. ``algorithms`` default to ``compare.algorithms``.
+    ``tune``: entry -> sweep space; each entry's knobs are first tuned on validation data
+    (``raycobo.tune.entry``), then compared with the values picked (``tuned.json``)."""
     from raycobo.comparison import tracked_compare
+    from raycobo.comparison.plan import default_root
 
     cfg = load(config, **overrides)
     entries = list(algorithms) if algorithms else list(cfg.compare.algorithms)
     track_on = cfg.tracking.enabled if track is None else track
+    root = Path(out) if out is not None else None
+    if tune:
+        root = root if root is not None else default_root(cfg)
+        cfg = tuned(cfg, entries, tune, root)
     root, rows, results = tracked_compare(
         cfg,
         entries,
-        Path(out) if out is not None else None,
+        root,
         lambda label: _progress(label, progress),
         track_on,
         seeds,
         parallel,
     )
     return Comparison(root, rows, results)
+
+
+def tuned(cfg: Config, entries: list[str], spaces: dict[str, str | Path], root: Path) -> Config:
+    """``cfg`` with each tuned entry's picked values as its overrides (or in its variant);
+    the sweeps go to ``root/tune-<entry>``, the picked values to ``root/tuned.json``."""
+    import json
+
+    from raycobo.comparison.plan import entry_config
+    from raycobo.tune.entry import tune_entry
+
+    picked: dict[str, dict[str, Any]] = {}
+    for entry, space in spaces.items():
+        if entry not in entries:
+            raise ConfigError(f"--tune {entry}: '{entry}' is not compared ({', '.join(entries)})")
+        values = tune_entry(entry_config(cfg, entry), Path(space), root / f"tune-{entry}")
+        picked[entry] = values
+        where = "variants" if entry in cfg.compare.variants else "overrides"
+        table = {k: dict(v) for k, v in getattr(cfg.compare, where).items()}
+        table[entry] = {**table.get(entry, {}), **values}
+        cfg = with_overrides(cfg, {f"compare.{where}": table})
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tuned.json").write_text(json.dumps(picked, indent=2))
+    return cfg
 
 
 def resume_compare(

@@ -217,6 +217,13 @@ def compare(
     parallel: Annotated[
         bool, typer.Option("--parallel", help="run (algorithm, seed) pairs as Ray tasks")
     ] = False,
+    tune: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tune",
+            help="ENTRY=SPACE.yaml: tune the entry's knobs on validation data first (repeatable)",
+        ),
+    ] = None,
     resume: Annotated[
         Path | None,
         typer.Option(
@@ -255,6 +262,12 @@ def compare(
             cfg = load_config(config, overrides or [])
             algos = [a.strip() for a in algorithms.split(",") if a.strip()] if algorithms else None
             seed_list = _int_list(seeds, "--seeds") if seeds else None
+            spaces = {}
+            for item in tune or []:
+                entry, sep, space = item.partition("=")
+                if not sep or not entry or not space:
+                    raise ConfigError(f"--tune {item}: give ENTRY=SPACE.yaml")
+                spaces[entry.strip()] = Path(space.strip())
             res = api.compare(
                 cfg,
                 algos,
@@ -263,6 +276,7 @@ def compare(
                 parallel=parallel,
                 track=track,
                 progress=progress,
+                tune=spaces or None,
             )
         _print_table(res.rows)
         typer.echo(f"comparison: {res.root}/comparison.md  report: {res.root}/report.html")

@@ -79,6 +79,9 @@ class DataConfig(_Section):
     # share of each client's training data held out for validation (stream VAL); null:
     # 0.2 for the methods that learn from a validation loss (L2C, meta-L2C), else 0
     validation_fraction: float | None = Field(default=None, ge=0, lt=1)
+    # what evaluations score: the test split, or each client's held-out validation part
+    # (tuning hyper-parameters without looking at the test data)
+    evaluate_on: Literal["test", "validation"] = "test"
     # text (multilingual_text): one client per language / file / dataset config
     languages: list[str] = Field(default_factory=lambda: ["ca", "es", "de", "nl"])
     text_source: Literal["libreoffice_help", "text_files", "huggingface"] = "libreoffice_help"

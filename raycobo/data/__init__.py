@@ -69,9 +69,17 @@ def load_data(cfg: Config):
             f"{type(got).__name__}, not a raycobo RawDataset or FederatedData"
         )
     try:
-        return got.holdout(cfg.validation_fraction(), cfg.seed)
+        data = got.holdout(cfg.validation_fraction(), cfg.seed)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    if cfg.data.evaluate_on == "validation":
+        if cfg.validation_fraction() <= 0:
+            raise ConfigError(
+                "invalid config key 'data.evaluate_on': validation needs held-out data "
+                "(data.validation_fraction > 0)"
+            )
+        data = data.scored_on_validation()
+    return data
 
 
 def _check_keys(data: DataConfig) -> None:

@@ -67,6 +67,17 @@ class FederatedData:
             sizes.append(min(n - 1, max(1, round(fraction * n))))
         return replace(self, train_idx=idx, train_y=ys, val_sizes=sizes)
 
+    def scored_on_validation(self) -> FederatedData:
+        """The same clients, evaluated on their held-out validation parts instead of the
+        test split (training never draws from those parts)."""
+        sizes = self.validation_sizes()
+        return replace(
+            self,
+            test_x=self.train_x,
+            test_idx=[i[len(i) - v :] for i, v in zip(self.train_idx, sizes, strict=True)],
+            test_y=[y[len(y) - v :] for y, v in zip(self.train_y, sizes, strict=True)],
+        )
+
     def subset(self, clients: list[int]) -> FederatedData:
         """The data of ``clients`` only, with compacted feature pools (for one host)."""
 

@@ -123,15 +123,7 @@ def load_sweep(
 
     ``overrides`` (dotted key=value) apply to the base config."""
     p = Path(path)
-    tree = read_yaml(p)
-    try:
-        spec = SweepSpec.model_validate(tree)
-    except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        if first["type"] == "extra_forbidden":
-            raise ConfigError(f"unknown sweep key '{loc}' in {p}") from None
-        raise ConfigError(f"invalid sweep key '{loc}' in {p}: {first['msg']}") from None
+    spec = read_spec(p)
     if isinstance(spec.base, str):
         base_tree = read_config_tree((p.parent / spec.base).resolve())
     else:
@@ -139,6 +131,26 @@ def load_sweep(
     apply_overrides(base_tree, dict(spec.overrides))
     apply_overrides(base_tree, overrides or [])
     base = validate(base_tree)
+    check_space(spec, base, p)
+    return spec, base
+
+
+def read_spec(p: Path) -> SweepSpec:
+    """A sweep YAML as a SweepSpec (bad keys are one-line errors naming the file)."""
+    tree = read_yaml(p)
+    try:
+        return SweepSpec.model_validate(tree)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"unknown sweep key '{loc}' in {p}") from None
+        raise ConfigError(f"invalid sweep key '{loc}' in {p}: {first['msg']}") from None
+
+
+def check_space(spec: SweepSpec, base: Config, p: Path) -> None:
+    """Every key of the space, at its bounds, against the base config and every method
+    the space sweeps."""
     if not spec.space:
         raise ConfigError(f"sweep {p} has an empty 'space': nothing to search")
     # a space that sweeps the method checks every other key against each method
@@ -152,7 +164,6 @@ def load_sweep(
                     with_overrides(base, point)
                 except ConfigError as err:
                     raise ConfigError(f"invalid sweep space 'space.{key}': {err}") from None
-    return spec, base
 
 
 def tune_space(spec: SweepSpec) -> dict[str, Any]:

@@ -263,3 +263,41 @@ def test_cifar_reader_refuses_a_pickle_that_runs_code(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"data_batch_3 is not a CIFAR batch.*posix\.system"):
         load_data(cfg)
     assert not (tmp_path / "planted.txt").exists()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_shards_at_l2c_scale_deal_distinct_classes(seed):
+    """L2C's 100 nodes: 30 shards per class, 3 distinct classes each. A plain shuffle
+    nearly always deals some node a repeated class; the deal must repair that."""
+    r = raw(classes=10, per_class=60)
+    over = [
+        "data.partition.kind=shards",
+        "data.fraction=1",
+        "data.partition.shards_per_class=30",
+        "data.partition.classes_per_client=3",
+    ]
+    d = partition(r, cfg_with(*over), seed)
+    assert d.n_clients == 100
+    for c in range(d.n_clients):
+        own = torch.cat([d.train_idx[c], d.test_idx[c]])
+        assert len(set(r.train_y[own].tolist())) == 3
+    again = partition(r, cfg_with(*over), seed)
+    assert all(torch.equal(a, b) for a, b in zip(d.train_idx, again.train_idx, strict=True))
+
+
+def test_evaluate_on_validation_scores_the_held_out_part_only():
+    cfg = load_config(None, ["data.name=digits", "data.validation_fraction=0.25"])
+    held = load_data(cfg)
+    scored = load_data(load_config(None, [
+        "data.name=digits", "data.validation_fraction=0.25", "data.evaluate_on=validation"
+    ]))
+    sizes = held.validation_sizes()
+    for c in range(held.n_clients):
+        tail = held.train_idx[c][len(held.train_idx[c]) - sizes[c] :]
+        assert torch.equal(scored.test_idx[c], tail)
+        assert torch.equal(scored.test_y[c], held.train_y[c][-sizes[c] :])
+        assert not set(scored.test_idx[c].tolist()) & set(
+            held.train_idx[c][: -sizes[c]].tolist()
+        )  # never a sample the client trains on
+    with pytest.raises(ConfigError, match="data.evaluate_on"):
+        load_data(load_config(None, ["data.name=digits", "data.evaluate_on=validation"]))

@@ -64,9 +64,20 @@ def test_unknown_sweep_keys_and_shipped_spaces(tmp_path):
         load_sweep(p)
     from pathlib import Path
 
-    spaces = sorted((Path(__file__).resolve().parents[2] / "tune_spaces").glob("*.yaml"))
+    root = Path(__file__).resolve().parents[2]
+    spaces = sorted((root / "tune_spaces").glob("*.yaml"))
     assert len(spaces) >= 3  # found from the repository root, wherever pytest runs
+    from raycobo.comparison.plan import entry_config
+    from raycobo.tune.entry import tuning_base
+    from raycobo.tune.space import check_space, read_spec
+
     for path in spaces:
+        if path.name.startswith("tune_"):  # `compare --tune ENTRY=SPACE`: the entry is the base
+            assert path.read_text().startswith("# raycobo compare CONFIG --tune "), path
+            entry = path.stem.removeprefix("tune_")
+            cfg = load_config(root / "examples" / "quickstart.yaml")
+            check_space(read_spec(path), tuning_base(entry_config(cfg, entry)), path)
+            continue
         assert path.read_text().startswith("# raycobo sweep "), path
         spec, base = load_sweep(path)
         assert spec.space
@@ -268,3 +279,48 @@ def test_a_plugin_method_is_swept_over_its_own_key(tmp_path):
     assert summary["failed"] == 0 and summary["num_trials"] == 2
     assert sorted(t["config"]["algorithm.mu"] for t in summary["trials"]) == [0.0, 0.5]
     assert load_config(out / "best_config.yaml").algorithm.name == "fp_sweep:FedProx"
+
+
+TUNE_SPACE = """\
+# raycobo compare CONFIG --tune cobo=space.yaml
+name: tune-cobo
+space:
+  algorithm.gamma: {grid: [0.01, 0.1]}
+metric: mean_accuracy
+mode: max
+num_samples: 1
+max_concurrent: 2
+resources: {cpu: 1}
+"""
+
+
+def test_compare_tune_picks_on_validation_and_runs_with_the_pick(tmp_path):
+    """`compare --tune cobo=SPACE`: the sweep scores trials on held-out training data, the
+    pick lands in tuned.json and in the stored config, and the compared run uses it."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "name: t\nrounds: 20\neval_every: 10\nbatch_size: 16\n"
+        "data: {name: digits, partition: {kind: label_permutation, num_clusters: 2, "
+        "clients_per_cluster: 2}}\nmodel: {name: mlp, hidden: [16]}\n"
+        "algorithm: {name: cobo}\nengine: {num_cpus: 2}\ntracking: {enabled: false}\n"
+        "compare: {algorithms: [local, cobo]}\n"
+    )
+    space = tmp_path / "space.yaml"
+    space.write_text(TUNE_SPACE)
+    out = tmp_path / "cmp"
+    r = CliRunner().invoke(
+        app, ["compare", str(cfg), "--out", str(out), "--tune", f"cobo={space}", "-q"]
+    )
+    assert r.exit_code == 0, r.output
+    picked = json.loads((out / "tuned.json").read_text())
+    assert set(picked) == {"cobo"} and picked["cobo"]["algorithm.gamma"] in (0.01, 0.1)
+    trials = json.loads((out / "tune-cobo" / "sweep_summary.json").read_text())["trials"]
+    assert len(trials) == 2
+    assert all(t["status"] == "completed" for t in trials)
+    best = load_config(out / "tune-cobo" / "best_config.yaml")  # the trials' base + pick
+    assert best.data.evaluate_on == "validation" and best.data.validation_fraction == 0.2
+    stored = load_config(out / "cobo" / "config.yaml")
+    assert stored.algorithm.gamma == picked["cobo"]["algorithm.gamma"]
+    assert stored.data.evaluate_on == "test"  # the comparison itself is scored on test
+    bad = CliRunner().invoke(app, ["compare", str(cfg), "--tune", f"ditto={space}", "-q"])
+    assert bad.exit_code != 0 and "'ditto' is not compared" in bad.output
