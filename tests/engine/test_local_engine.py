@@ -221,7 +221,7 @@ def test_an_unstable_explicit_rho_is_refused(quad_cfg):
         session.start()
     ok = with_overrides(cfg, {"algorithm.rho": "auto"})
     session, _ = open_session(ok)
-    assert session.algorithm.penalty(80) == pytest.approx(1 / (0.1 * 80))
+    assert session.algorithm.penalty(80) == pytest.approx(0.4 / (0.1 * 80))
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
