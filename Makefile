@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick fidelity-ablation
+.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,7 +63,7 @@ bench: install
 # The papers' claims side by side (benchmarks/fidelity): 3 seeds each, the Ditto sweep,
 # then FIDELITY.md from the runs (about an hour on 2 cores); -quick: minutes, one seed.
 fidelity: install data
-	$(PY) benchmarks/fidelity/run.py
+	$(PY) benchmarks/fidelity/run.py --jobs 2
 
 fidelity-quick: install data
 	$(PY) benchmarks/fidelity/run.py --quick

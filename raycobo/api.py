@@ -175,14 +175,20 @@ def tuned(cfg: Config, entries: list[str], spaces: dict[str, str | Path], root: 
     for entry, space in spaces.items():
         if entry not in entries:
             raise ConfigError(f"--tune {entry}: '{entry}' is not compared ({', '.join(entries)})")
-        values = tune_entry(entry_config(cfg, entry), Path(space), root / f"tune-{entry}")
-        picked[entry] = values
+        picked[entry] = tune_entry(entry_config(cfg, entry), Path(space), root / f"tune-{entry}")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tuned.json").write_text(json.dumps(picked, indent=2))
+    return with_tuned(cfg, picked)
+
+
+def with_tuned(cfg: Config, picked: dict[str, dict[str, Any]]) -> Config:
+    """``cfg`` with tuned values (entry -> key -> value, as in ``tuned.json``) written into
+    each entry's ``compare.overrides`` (or its ``compare.variants`` entry)."""
+    for entry, values in picked.items():
         where = "variants" if entry in cfg.compare.variants else "overrides"
         table = {k: dict(v) for k, v in getattr(cfg.compare, where).items()}
         table[entry] = {**table.get(entry, {}), **values}
         cfg = with_overrides(cfg, {f"compare.{where}": table})
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "tuned.json").write_text(json.dumps(picked, indent=2))
     return cfg
 
 

@@ -64,9 +64,31 @@ def test_an_ordering_is_checked_both_ways():
         "b": {"mean_accuracy": 0.795, "std_accuracy": 0.01},
     }
     root = Path(".")
-    assert report.holds("a > b", rows, "accuracy", root)[0] is True
-    assert report.holds("b > a", rows, "accuracy", root)[0] is False
+    # half a point apart at a std of one point: neither way is decided
+    assert report.holds("a > b", rows, "accuracy", root)[0] == report.UNDECIDED
+    assert report.holds("b > a", rows, "accuracy", root)[0] == report.UNDECIDED
     assert report.holds("b >= a", rows, "accuracy", root)[0] is True  # within one std
     rows["b"]["mean_accuracy"] = 0.70
+    assert report.holds("a > b", rows, "accuracy", root)[0] is True
+    assert report.holds("b > a", rows, "accuracy", root)[0] is False
     assert report.holds("b >= a", rows, "accuracy", root)[0] is False
     assert report.holds("c > a", rows, "accuracy", root)[0] is None
+
+
+def test_a_twin_outside_the_papers_regime_fails_its_claim():
+    """The regime check: the Oracle's lead over Local must be at least half the paper's
+    (or, without an Oracle, our Local near the paper's)."""
+    root = Path(".")
+    claim = {"paper": {"local": 60.0, "oracle": 80.0}, "regime": {"low": "local", "high": "oracle"}}
+    rows = {
+        "local": {"mean_accuracy": 0.90, "std_accuracy": 0.0},
+        "oracle": {"mean_accuracy": 0.95, "std_accuracy": 0.0},
+    }
+    line, ok = report.regime_check(claim, rows, "accuracy", root)
+    assert ok is False and "≥ 10.00" in line  # 5 points where the paper has 20
+    rows["local"]["mean_accuracy"] = 0.80
+    assert report.regime_check(claim, rows, "accuracy", root)[1] is True
+    claim = {"paper": {"local": 87.5}, "regime": {"low": "local", "match": 3}}
+    assert report.regime_check(claim, rows, "accuracy", root)[1] is False  # 80 vs 87.5
+    rows["local"]["mean_accuracy"] = 0.86
+    assert report.regime_check(claim, rows, "accuracy", root)[1] is True

@@ -2,17 +2,24 @@
 the Ditto lambda sweep, then write FIDELITY.md (``report.py``).
 
 Usage: python benchmarks/fidelity/run.py [--quick] [--only ID,...] [--out DIR]
-       [--seeds 0,1,2] [--no-sweep]
+       [--seeds 0,1,2] [--no-sweep] [--jobs N]
 
 ``--quick``: the claims marked ``quick`` with one seed (minutes on 2 cores). Finished
-comparisons are kept: a second call resumes what is missing (``compare --resume``).
+comparisons are kept: a second call resumes what is missing (``compare --resume``); a
+claim's tuning (``tune``) is kept in its ``tuned.json`` and not swept again.
+``--jobs N``: N claims at a time in separate processes, heaviest (``minutes``) first,
+each with 1/N of the machine's cores (torch threads and its Ray instance's CPUs).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import yaml
@@ -28,15 +35,38 @@ def load_claims() -> list[dict]:
     return yaml.safe_load((HERE / "claims.yaml").read_text())["claims"]
 
 
-def claim_config(claim: dict):
+def claim_config(claim: dict, cpus: int | None = None):
     over = [*claim.get("overrides", []), "tracking.enabled=false"]
+    if cpus is not None:  # the Ray instance of a tuning sweep takes this many CPUs
+        over.append(f"engine.num_cpus={cpus}")
     return load_config(REPO / claim["config"], over)
 
 
-def run_claim(claim: dict, out: Path, seeds: list[int]) -> None:
+def tuned_claim_config(claim: dict, root: Path, cpus: int | None = None):
+    """The claim's config, its ``tune`` entries swept on validation data first (or their
+    values taken from an earlier sweep's ``tuned.json``)."""
+    from raycobo.api import tuned, with_tuned
+
+    cfg = claim_config(claim, cpus)
+    spaces = claim.get("tune")
+    if not spaces:
+        return cfg
+    saved = root / "tuned.json"
+    if saved.is_file():
+        picked = json.loads(saved.read_text())
+        if set(picked) == set(spaces):
+            return with_tuned(cfg, picked)
+    entries = list(cfg.compare.algorithms)
+    return tuned(cfg, entries, {e: REPO / sp for e, sp in spaces.items()}, root)
+
+
+def run_claim(claim: dict, out: Path, seeds: list[int], cpus: int | None = None) -> None:
     root = out / claim["id"]
     resume = (root / "config.yaml").is_file()
-    cfg = load_stored_config(root / "config.yaml") if resume else claim_config(claim)
+    if resume:
+        cfg = load_stored_config(root / "config.yaml")
+    else:
+        cfg = tuned_claim_config(claim, root, cpus)
     entries = list(cfg.compare.algorithms)
     t0 = time.perf_counter()
     print(f"[{claim['id']}] {', '.join(entries)}; seeds {seeds}", flush=True)
@@ -62,6 +92,38 @@ def run_sweep(out: Path, smoke: bool) -> None:
     sweep(spec, base, root, smoke_test=smoke)
 
 
+def _job(claim: dict, out: Path, seeds: list[int], cpus: int) -> str:
+    """One claim in a worker process with ``cpus`` cores' worth of threads."""
+    import torch
+
+    torch.set_num_threads(cpus)
+    os.environ["OMP_NUM_THREADS"] = str(cpus)
+    run_claim(claim, out, seeds, cpus)
+    return claim["id"]
+
+
+def run_claims(claims: list[dict], out: Path, seeds: list[int], jobs: int) -> list[str]:
+    """Run ``claims``; -> the ids of those that failed (with --jobs: the rest go on)."""
+    if jobs <= 1:
+        for claim in claims:
+            run_claim(claim, out, seeds)
+        return []
+    cpus = max(1, (os.cpu_count() or 1) // jobs)
+    heaviest = sorted(claims, key=lambda c: -c.get("minutes", 5))
+    # spawn: each worker imports torch afresh with its own thread count
+    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_job, c, out, seeds, cpus): c["id"] for c in heaviest}
+        failed = []
+        for f, cid in futures.items():
+            try:
+                f.result()
+                print(f"[{cid}] done", flush=True)
+            except Exception as err:  # the other claims go on; the report shows what ran
+                failed.append(cid)
+                print(f"[{cid}] failed: {type(err).__name__}: {err}", flush=True)
+    return failed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -69,6 +131,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "fidelity")
     ap.add_argument("--seeds", default=None)
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1, help="claims run at a time")
     args = ap.parse_args()
     claims = load_claims()
     if args.only:
@@ -86,15 +149,16 @@ def main() -> int:
         else ([0] if args.quick else [0, 1, 2])
     )
     out = args.out / ("quick" if args.quick else "full")
-    for claim in claims:
-        if claim.get("config"):
-            run_claim(claim, out, seeds)
+    failed = run_claims([c for c in claims if c.get("config")], out, seeds, args.jobs)
     if not args.no_sweep and not args.only:
         run_sweep(out, smoke=args.quick)
     from report import write_report
 
     path = write_report(out, REPO / ("FIDELITY.quick.md" if args.quick else "FIDELITY.md"))
     print(f"wrote {path}")
+    if failed:
+        print(f"error: claims that failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
