@@ -126,6 +126,48 @@ def regime_check(claim: dict, rows: dict, metric: str, root: Path):
     return f"| {label} | {'✓' if ok else '✗'} | {detail} |", ok
 
 
+def closure_check(claim: dict, rows: dict, metric: str, root: Path):
+    """``closure: {method, low, high, target}``: the share of the ``low`` -> ``high`` gap
+    (Local -> Oracle) that ``method`` closes, ours against the paper's; fails under
+    ``target`` %. -> (table row, ok) or None"""
+    c = claim.get("closure")
+    if not c:
+        return None
+    method, low, high = c["method"], c["low"], c["high"]
+    label = f"{method} closes ≥ {c['target']:g} % of {low} → {high}"
+    m, lo, hi = (stat(rows.get(k), metric, root) for k in (method, low, high))
+    if m is None or lo is None or hi is None or hi[0] == lo[0]:
+        return f"| {label} | ? | no result |", None
+    ours = 100 * (m[0] - lo[0]) / (hi[0] - lo[0])
+    paper = claim.get("paper", {})
+    shown = f"{ours:.0f} %"
+    if all(k in paper for k in (method, low, high)):
+        theirs = 100 * (paper[method] - paper[low]) / (paper[high] - paper[low])
+        shown += f" (paper {theirs:.0f} %)"
+    ok = ours >= c["target"]
+    return f"| {label} | {'✓' if ok else '✗'} | {shown} |", ok
+
+
+def w_kept(root: Path, share: float, entry: str = "cobo"):
+    """W within the true clusters at the last evaluation against its peak, every seed:
+    blocks that stay (≥ ``share`` of the peak) or fade. -> (table row, ok) or None"""
+    rows = load_rows(root)
+    if entry not in rows:
+        return None
+    kept = []
+    for d in run_dirs(rows[entry], root):
+        hist = json.loads((d / "summary.json").read_text()).get("history", [])
+        within = [h["w_within"] for h in hist if h.get("w_within") is not None]
+        if within:
+            kept.append((within[-1], max(within)))
+    if not kept:
+        return None
+    ok = all(last >= share * peak for last, peak in kept)
+    shown = "; ".join(f"{last:.2f} of peak {peak:.2f}" for last, peak in kept)
+    label = f"{entry}'s W within clusters at the end ≥ {share:g} × its peak"
+    return f"| {label} | {'✓' if ok else '✗'} | {shown} |", ok
+
+
 def tuned_line(root: Path) -> str | None:
     """The values the comparison's tuned entries were run with (``tuned.json``)."""
     path = root / "tuned.json"
@@ -241,6 +283,11 @@ def ditto_sweep(out: Path, rows: dict) -> str | None:
 def claim_section(claim: dict, out: Path) -> list[str]:
     root = HERE.parents[1] / claim["results"] if claim.get("results") else out / claim["id"]
     rows = load_rows(root)
+    for other in claim.get("rows_from", []):  # another claim's entries, read beside ours
+        theirs = load_rows(out / other["claim"])
+        for entry in other["entries"]:
+            if entry in theirs and rows:
+                rows.setdefault(entry, theirs[entry])
     metric = claim.get("metric", "accuracy")
     head = [
         f"### {claim['id']}",
@@ -282,11 +329,16 @@ def claim_section(claim: dict, out: Path) -> list[str]:
         lines.append(f"| {label} | {mark} | {detail} |")
         if ok is False:
             failed.append(label)
-    regime = regime_check(claim, rows, metric, root)
-    if regime is not None:
-        lines.append(regime[0])
-        if regime[1] is False:
-            failed.append("regime")
+    extra = [
+        ("regime", regime_check(claim, rows, metric, root)),
+        ("closure", closure_check(claim, rows, metric, root)),
+        ("w_kept", w_kept(root, claim["w_kept"]) if claim.get("w_kept") else None),
+    ]
+    for key, found in extra:
+        if found is not None:
+            lines.append(found[0])
+            if found[1] is False:
+                failed.append(key)
     if claim.get("w_blocks"):
         found = w_blocks(root)
         if found:

@@ -62,6 +62,7 @@ def tuned_claim_config(claim: dict, root: Path, cpus: int | None = None):
 
 def run_claim(claim: dict, out: Path, seeds: list[int], cpus: int | None = None) -> None:
     root = out / claim["id"]
+    seeds = claim.get("seeds", seeds)  # a claim may fix its own (the ablations: fewer)
     resume = (root / "config.yaml").is_file()
     if resume:
         cfg = load_stored_config(root / "config.yaml")

@@ -44,7 +44,7 @@ class CoBoConfig(MethodConfig):
     # Defaults: Algorithm 1 as printed (shared x^0, inner-product score, W step first, no
     # momentum) with the sampling the paper reports best (Table 1: mixed). The paper gives
     # neither gamma nor rho for its vision runs; ours come from the cross-device twin
-    # (FIDELITY.md, "CoBo's settings"): gamma 0.01, rho auto (0.4 / (lr n) at n = 80), and
+    # (README, "CoBo's defaults"): gamma 0.01, rho auto (0.4 / (lr n) at n = 80), and
     # the constant phase at c = 2 for half the rounds -- the paper's 0.2 % of 40,000
     # iterations is 80 rounds, but 0.2 % of a twin's 3,000 is 6, before W has separated.
     # penalty strength; auto: 0.3, lowered as 0.4 / (lr n) where the box domain's W^0 = 1
