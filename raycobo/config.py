@@ -36,6 +36,11 @@ class PartitionConfig(_Section):
     num_clients: int | None = Field(default=None, ge=1)
     # partitions that split each client's own samples into train/test
     test_split: float = Field(default=0.2, gt=0, lt=1)
+    # what those partitions (disjoint_classes, label_groups, shards) test on: own = the
+    # client's test_split share of its samples; classes = the test split's samples of
+    # the client's classes (data.test_fraction of them; L2C's protocol), all the
+    # client's samples then train
+    test_on: Literal["own", "classes"] = "own"
 
     @model_validator(mode="after")
     def _sizes(self) -> PartitionConfig:

@@ -142,7 +142,20 @@ def _from_client_samples(
     g: torch.Generator,
 ) -> Partition:
     """Partitions whose clients own samples of the training pool, split 80/20 (by default)
-    into their train and test data; features stay in one pool (test_x is train_x)."""
+    into their train and test data; features stay in one pool (test_x is train_x). With
+    ``partition.test_on: classes`` every sample trains and a client tests on the test
+    split's samples of the classes it holds (L2C Section 4: "all the available test data
+    belonging to the classes in its local task")."""
+    if cfg.partition.test_on == "classes":
+        out = Partition([], [], [], [], [], raw.num_classes)
+        for c, samples in enumerate(per_client):
+            test = _cluster_test(raw, raw.train_y[samples].unique(), cfg, g)
+            out.train_idx.append(samples)
+            out.train_y.append(raw.train_y[samples])
+            out.test_idx.append(test)
+            out.test_y.append(raw.test_y[test])
+            out.clusters.append(clusters[c])
+        return out
     out = Partition([], [], [], [], [], raw.num_classes, test_from_train=True)
     for c, samples in enumerate(per_client):
         if samples.numel() < 2:
@@ -272,6 +285,9 @@ def dirichlet(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
     return _from_client_samples(raw, per_client, [None] * n, cfg, g)
 
 
+# the partitions that deal the clients samples of the training pool (_from_client_samples)
+OWN_SAMPLES = ("disjoint_classes", "label_groups", "shards")
+
 PARTITIONS: dict[str, Callable[[RawDataset, DataConfig, int], Partition]] = {
     "label_permutation": label_permutation,
     "disjoint_classes": disjoint_classes,
@@ -283,6 +299,11 @@ PARTITIONS: dict[str, Callable[[RawDataset, DataConfig, int], Partition]] = {
 
 def partition(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedData:
     fn = choose(PARTITIONS, cfg.partition.kind, "data.partition.kind", "partition")
+    if cfg.partition.test_on != "own" and cfg.partition.kind not in OWN_SAMPLES:
+        raise ConfigError(
+            f"invalid config key 'data.partition.test_on': {cfg.partition.kind} tests on "
+            f"the test split already (test_on is for {', '.join(OWN_SAMPLES)})"
+        )
     p = fn(raw, cfg, seed)
     return FederatedData(
         name=raw.name,

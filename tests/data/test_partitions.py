@@ -301,3 +301,30 @@ def test_evaluate_on_validation_scores_the_held_out_part_only():
         )  # never a sample the client trains on
     with pytest.raises(ConfigError, match="data.evaluate_on"):
         load_data(load_config(None, ["data.name=digits", "data.evaluate_on=validation"]))
+
+
+def test_test_on_classes_tests_each_client_on_the_test_split_of_its_classes():
+    """L2C's protocol: every own sample trains; the test data are the test split's
+    samples of the client's classes (data.test_fraction of them)."""
+    r = raw(classes=10, per_class=60, test_per_class=10)
+    over = [
+        "data.partition.kind=shards",
+        "data.fraction=1",
+        "data.partition.shards_per_class=6",
+        "data.partition.classes_per_client=3",
+        "data.partition.test_on=classes",
+        "data.test_fraction=0.5",
+    ]
+    d = partition(r, cfg_with(*over), 0)
+    own = partition(r, cfg_with(*over[:-2]), 0)
+    assert d.test_x is r.test_x
+    for c in range(d.n_clients):
+        # the same samples as the own split's train + test, all of them training
+        mine = torch.cat([own.train_idx[c], own.test_idx[c]]).sort().values
+        assert torch.equal(d.train_idx[c].sort().values, mine)
+        classes = set(r.train_y[d.train_idx[c]].tolist())
+        assert set(d.test_y[c].tolist()) == classes
+        assert torch.equal(d.test_y[c], r.test_y[d.test_idx[c]])
+        assert len(d.test_idx[c]) == 3 * 10 // 2  # half of 10 test samples per class
+    with pytest.raises(ConfigError, match="data.partition.test_on"):
+        partition(r, cfg_with("data.partition.test_on=classes"), 0)  # label_permutation
