@@ -249,8 +249,9 @@ class CoBo:
         box domain's W^0 = 1 the penalty step alone is x <- (I - lr rho L) x with L the
         complete graph's Laplacian (eigenvalue n): it diverges once lr * rho * n >= 2.
         ``auto`` keeps the paper's rho = 0.3 for small n and lowers it to 0.4 / (lr n) (a
-        contraction to 60 % per step, without oscillation) as n grows; the simplex domain's rows sum to 1,
-        so there rho needs no scaling. An explicit rho beyond the bound is refused."""
+        contraction to 60 % per step, without oscillation) as n grows; the simplex
+        domain's rows sum to 1, so there rho needs no scaling. An explicit rho beyond the
+        bound is refused."""
         c = self.cfg
         if c.domain == "simplex":
             return 0.3 if c.rho == "auto" else float(c.rho)

@@ -288,9 +288,12 @@ def test_shards_at_l2c_scale_deal_distinct_classes(seed):
 def test_evaluate_on_validation_scores_the_held_out_part_only():
     cfg = load_config(None, ["data.name=digits", "data.validation_fraction=0.25"])
     held = load_data(cfg)
-    scored = load_data(load_config(None, [
-        "data.name=digits", "data.validation_fraction=0.25", "data.evaluate_on=validation"
-    ]))
+    scored = load_data(
+        load_config(
+            None,
+            ["data.name=digits", "data.validation_fraction=0.25", "data.evaluate_on=validation"],
+        )
+    )
     sizes = held.validation_sizes()
     for c in range(held.n_clients):
         tail = held.train_idx[c][len(held.train_idx[c]) - sizes[c] :]
