@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick
+.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick fidelity-ablation
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,10 @@ fidelity: install data
 
 fidelity-quick: install data
 	$(PY) benchmarks/fidelity/run.py --quick
+
+# the same and CoBo's settings one at a time on the cross-device twin (2 seeds each)
+fidelity-ablation: install data
+	$(PY) benchmarks/fidelity/run.py --jobs 2 --ablation
 
 clean:
 	rm -rf $(VENV) runs mlruns.db mlartifacts .pytest_cache

@@ -29,6 +29,7 @@ def twin(tmp_path_factory):
         "compare.algorithms=[local,cobo,oracle]",
     ]
     claim = {**claim, "overrides": [*claim.get("overrides", []), *extra]}
+    claim.pop("tune", None)  # Ditto is not among the entries here
     fidelity.run_claim(claim, out, [0])
     return claim, out
 

@@ -402,7 +402,8 @@ def write_report(out: Path, path: Path) -> Path:
         *summary,
         "",
     ]
-    text = "\n".join(body[:9] + table + body[9:])
+    intro = body.index("", 2) + 1  # the summary table goes after the opening paragraph
+    text = "\n".join(body[:intro] + table + body[intro:])
     path.write_text(text if text.endswith("\n") else text + "\n")
     return path
 

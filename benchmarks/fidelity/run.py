@@ -2,13 +2,15 @@
 the Ditto lambda sweep, then write FIDELITY.md (``report.py``).
 
 Usage: python benchmarks/fidelity/run.py [--quick] [--only ID,...] [--out DIR]
-       [--seeds 0,1,2] [--no-sweep] [--jobs N]
+       [--seeds 0,1,2] [--no-sweep] [--jobs N] [--ablation]
 
 ``--quick``: the claims marked ``quick`` with one seed (minutes on 2 cores). Finished
 comparisons are kept: a second call resumes what is missing (``compare --resume``); a
 claim's tuning (``tune``) is kept in its ``tuned.json`` and not swept again.
 ``--jobs N``: N claims at a time in separate processes, heaviest (``minutes``) first,
 each with 1/N of the machine's cores (torch threads and its Ray instance's CPUs).
+``--ablation``: also the claims marked ``ablation`` (CoBo's settings one at a time on
+the cross-device twin; about as long again as the rest).
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ def main() -> int:
     ap.add_argument("--seeds", default=None)
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--jobs", type=int, default=1, help="claims run at a time")
+    ap.add_argument("--ablation", action="store_true", help="also the claims marked ablation")
     args = ap.parse_args()
     claims = load_claims()
     if args.only:
@@ -144,6 +147,8 @@ def main() -> int:
         claims = [c for c in claims if c["id"] in wanted]
     elif args.quick:
         claims = [c for c in claims if c.get("quick")]
+    elif not args.ablation:  # the ablations double the run: make fidelity-ablation
+        claims = [c for c in claims if not c.get("ablation")]
     seeds = (
         [int(s) for s in args.seeds.split(",")]
         if args.seeds
