@@ -149,21 +149,28 @@ def closure_check(claim: dict, rows: dict, metric: str, root: Path):
 
 
 def w_kept(root: Path, share: float, entry: str = "cobo"):
-    """W within the true clusters at the last evaluation against its peak, every seed:
-    blocks that stay (≥ ``share`` of the peak) or fade. -> (table row, ok) or None"""
+    """W within the true clusters at the last evaluation against its peak once the blocks
+    exist (within − across ≥ 0.5; W⁰ = 1 is no learned peak), every seed: blocks that
+    stay (≥ ``share`` of the peak) or fade. -> (table row, ok) or None"""
     rows = load_rows(root)
     if entry not in rows:
         return None
     kept = []
     for d in run_dirs(rows[entry], root):
         hist = json.loads((d / "summary.json").read_text()).get("history", [])
-        within = [h["w_within"] for h in hist if h.get("w_within") is not None]
-        if within:
-            kept.append((within[-1], max(within)))
+        hist = [h for h in hist if h.get("w_within") is not None and "w_across" in h]
+        blocks = [h["w_within"] for h in hist if h["w_within"] - h["w_across"] >= 0.5]
+        if hist:
+            kept.append((hist[-1]["w_within"], max(blocks) if blocks else None))
     if not kept:
         return None
-    ok = all(last >= share * peak for last, peak in kept)
-    shown = "; ".join(f"{last:.2f} of peak {peak:.2f}" for last, peak in kept)
+    ok = all(peak is not None and last >= share * peak for last, peak in kept)
+    shown = "; ".join(
+        f"{last:.2f} of peak {peak:.2f} ({last / peak:.2f})"
+        if peak is not None
+        else f"{last:.2f}, no blocks"
+        for last, peak in kept
+    )
     label = f"{entry}'s W within clusters at the end ≥ {share:g} × its peak"
     return f"| {label} | {'✓' if ok else '✗'} | {shown} |", ok
 
