@@ -93,3 +93,40 @@ def test_a_twin_outside_the_papers_regime_fails_its_claim():
     assert report.regime_check(claim, rows, "accuracy", root)[1] is False  # 80 vs 87.5
     rows["local"]["mean_accuracy"] = 0.86
     assert report.regime_check(claim, rows, "accuracy", root)[1] is True
+
+
+def test_gap_closure_and_blocks_that_stay(tmp_path):
+    """CoBo's share of the Local -> Oracle gap against the paper's, and W within the
+    clusters at the end against its peak once the blocks exist (not W0 = 1)."""
+    import json
+
+    claim = {
+        "paper": {"local": 54.9, "cobo": 79.6, "oracle": 83.6},
+        "closure": {"method": "cobo", "low": "local", "high": "oracle", "target": 80},
+    }
+    rows = {
+        "local": {"mean_accuracy": 0.60},
+        "cobo": {"mean_accuracy": 0.68, "run_dirs": [str(tmp_path / "cobo")]},
+        "oracle": {"mean_accuracy": 0.70},
+    }
+    line, ok = report.closure_check(claim, rows, "accuracy", tmp_path)
+    assert ok is True and "80 % (paper 86 %)" in line
+    rows["cobo"]["mean_accuracy"] = 0.67
+    assert report.closure_check(claim, rows, "accuracy", tmp_path)[1] is False
+
+    (tmp_path / "cobo").mkdir()
+    (tmp_path / "comparison.json").write_text(json.dumps([{"algorithm": "cobo", **rows["cobo"]}]))
+
+    def history(*within_across):
+        h = [
+            {"round": 100 * i, "w_within": w, "w_across": a}
+            for i, (w, a) in enumerate(within_across)
+        ]
+        (tmp_path / "cobo" / "summary.json").write_text(json.dumps({"history": h}))
+
+    history((1.0, 1.0), (0.97, 0.15), (0.80, 0.003))  # 0.80 / 0.97 = 0.82
+    assert report.w_kept(tmp_path, 0.8)[1] is True
+    history((1.0, 1.0), (0.97, 0.15), (0.70, 0.003))  # faded
+    assert report.w_kept(tmp_path, 0.8)[1] is False
+    history((1.0, 1.0), (0.90, 0.60))  # never apart: no blocks to keep
+    assert report.w_kept(tmp_path, 0.8)[1] is False
