@@ -6,7 +6,9 @@ Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
   (Algorithm 1, line 11, with c = 1);
 - ``time``:     p_t = min(1, c / (t + 1))  -- O(1/t);
 - ``mixed``:    constant for the first ``mixed_switch`` share of rounds (0.2 % in the
-  paper), then time-dependent;
+  paper), then time-dependent but never above the constant rate: min(c / n, c_t / (t + 1))
+  (at the paper's n = 8 and switch the same; with many clients and an early switch, 1/t
+  alone would sample a share of all n^2 / 2 pairs each round);
 - ``mixed_sqrt``: constant for the first ``mixed_switch`` share of rounds, then
   p_t = min(1, c / sqrt(t + 1)) -- the authors' code (github epfml/CoBo, grouping.py:
   p = 2/n for 800 steps, then 1/sqrt(t));
@@ -88,7 +90,7 @@ class EdgeSampler:
         if self.kind == "time":
             return timed
         if self.kind == "mixed":
-            return const if t < self.switch_round() else timed
+            return const if t < self.switch_round() else min(const, timed)
         if self.kind == "mixed_sqrt":  # the authors' code: 2/n, then 1/sqrt(t) after 800
             return const if t < self.switch_round() else min(1.0, self.time_c / math.sqrt(t + 1))
         raise ValueError(f"unknown sampling '{self.kind}'")

@@ -51,8 +51,12 @@ def test_probability_schedules():
     assert s.switch_round() == 2
     assert s.probability(0) == pytest.approx(0.1)
     assert s.probability(1) == pytest.approx(0.1)
-    assert s.probability(2) == pytest.approx(1 / 3)
+    # after the switch the decaying rate, never above the constant one (1/3 > 1/10 here)
+    assert s.probability(2) == pytest.approx(0.1)
     assert s.probability(99) == pytest.approx(0.01)
+    # 10,000 clients switching at round 6: 1/7 of all 50 million pairs would be sampled
+    big = EdgeSampler("mixed", 10_000, 12, 0, sampling_c=2.0, time_c=1.0, mixed_switch=0.5)
+    assert big.probability(6) == pytest.approx(2 / 10_000)
     assert EdgeSampler("time", 10, 100, 0).probability(0) == 1.0
     assert EdgeSampler("constant", 4, 100, 0, sampling_c=10).probability(7) == 1.0
 
