@@ -148,18 +148,34 @@ def closure_check(claim: dict, rows: dict, metric: str, root: Path):
     return f"| {label} | {'✓' if ok else '✗'} | {shown} |", ok
 
 
-def w_kept(root: Path, share: float, entry: str = "cobo"):
-    """W within the true clusters at the last evaluation against its peak once the blocks
-    exist (within − across ≥ 0.5; W⁰ = 1 is no learned peak), every seed: blocks that
-    stay (≥ ``share`` of the peak) or fade. -> (table row, ok) or None"""
+APART = 0.5  # W within − across at which the true clusters count as told apart
+
+
+def w_histories(root: Path, entry: str) -> list[tuple[int, list[dict]]] | None:
+    """(seed, the evaluations that measured W within and across the true clusters) for
+    each of ``entry``'s runs; None when the comparison has no such entry."""
     rows = load_rows(root)
     if entry not in rows:
         return None
-    kept = []
+    out = []
     for d in run_dirs(rows[entry], root):
-        hist = json.loads((d / "summary.json").read_text()).get("history", [])
-        hist = [h for h in hist if h.get("w_within") is not None and "w_across" in h]
-        blocks = [h["w_within"] for h in hist if h["w_within"] - h["w_across"] >= 0.5]
+        s = json.loads((d / "summary.json").read_text())
+        hist = [
+            h
+            for h in s.get("history", [])
+            if h.get("w_within") is not None and h.get("w_across") is not None
+        ]
+        out.append((s.get("seed"), hist))
+    return out
+
+
+def w_kept(root: Path, share: float, entry: str = "cobo"):
+    """W within the true clusters at the last evaluation against its peak once the blocks
+    exist (within − across ≥ APART; W⁰ = 1 is no learned peak), every seed: blocks that
+    stay (≥ ``share`` of the peak) or fade. -> (table row, ok) or None"""
+    kept = []
+    for _, hist in w_histories(root, entry) or []:
+        blocks = [h["w_within"] for h in hist if h["w_within"] - h["w_across"] >= APART]
         if hist:
             kept.append((hist[-1]["w_within"], max(blocks) if blocks else None))
     if not kept:
@@ -204,24 +220,19 @@ def fmt(s: tuple[float, float] | None, seeds: int) -> str:
 
 def w_blocks(root: Path, entry: str = "cobo") -> str | None:
     """Figure 3: W's mean weight within and across the true clusters (final), and the
-    first evaluated round at which they are 0.5 apart (every seed)."""
-    rows = load_rows(root)
-    if entry not in rows:
-        return None
+    first evaluated round at which they are APART (every seed)."""
     parts = []
-    for d in run_dirs(rows[entry], root):
-        s = json.loads((d / "summary.json").read_text())
-        hist = [h for h in s.get("history", []) if "w_within" in h and "w_across" in h]
+    for seed, hist in w_histories(root, entry) or []:
         if not hist:
             return None
-        sep = next((h["round"] for h in hist if h["w_within"] - h["w_across"] >= 0.5), None)
+        sep = next((h["round"] for h in hist if h["w_within"] - h["w_across"] >= APART), None)
         last = hist[-1]
         where = f"round {sep}" if sep is not None else "not within the run"
         parts.append(
-            f"seed {s['seed']}: within {last['w_within']:.2f}, across {last['w_across']:.2f}, "
-            f"apart by 0.5 at {where}"
+            f"seed {seed}: within {last['w_within']:.2f}, across {last['w_across']:.2f}, "
+            f"apart by {APART} at {where}"
         )
-    return "; ".join(parts)
+    return "; ".join(parts) or None
 
 
 def catalan_row(root: Path) -> str | None:
