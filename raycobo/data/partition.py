@@ -146,28 +146,22 @@ def _from_client_samples(
     ``partition.test_on: classes`` every sample trains and a client tests on the test
     split's samples of the classes it holds (L2C Section 4: "all the available test data
     belonging to the classes in its local task")."""
-    if cfg.partition.test_on == "classes":
-        out = Partition([], [], [], [], [], raw.num_classes)
-        for c, samples in enumerate(per_client):
-            test = _cluster_test(raw, raw.train_y[samples].unique(), cfg, g)
-            out.train_idx.append(samples)
-            out.train_y.append(raw.train_y[samples])
-            out.test_idx.append(test)
-            out.test_y.append(raw.test_y[test])
-            out.clusters.append(clusters[c])
-        return out
-    out = Partition([], [], [], [], [], raw.num_classes, test_from_train=True)
+    on_classes = cfg.partition.test_on == "classes"
+    out = Partition([], [], [], [], [], raw.num_classes, test_from_train=not on_classes)
     for c, samples in enumerate(per_client):
-        if samples.numel() < 2:
+        if on_classes:
+            tr, te = samples, _cluster_test(raw, raw.train_y[samples].unique(), cfg, g)
+        elif samples.numel() < 2:
             raise ConfigError(
                 f"invalid config key 'data.partition': client {c} gets {samples.numel()} "
                 "samples, too few for a train/test split"
             )
-        tr, te = _own_split(samples, cfg.partition.test_split, g)
+        else:
+            tr, te = _own_split(samples, cfg.partition.test_split, g)
         out.train_idx.append(tr)
         out.train_y.append(raw.train_y[tr])
         out.test_idx.append(te)
-        out.test_y.append(raw.train_y[te])
+        out.test_y.append((raw.test_y if on_classes else raw.train_y)[te])
         out.clusters.append(clusters[c])
     return out
 

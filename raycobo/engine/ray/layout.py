@@ -36,8 +36,9 @@ def plugin_options(cfg: Config) -> dict:
 
 
 def _uploaded(modules: list) -> list[str]:
-    """``gcs://`` URIs of ``modules`` in the connected Ray cluster, packed once per module
-    (Ray names a package by its content's hash, so an edited module is packed anew)."""
+    """``gcs://`` URIs of ``modules`` in the connected Ray cluster. Ray names a package by
+    its content's hash and uploads it only when the cluster lacks that hash, so a second
+    call re-hashes the module but sends nothing, and an edited module is sent anew."""
     import logging
     import tempfile
 
