@@ -5,8 +5,10 @@ installed (a borrowed GPU machine, say), this starts one ``raycobo run`` process
 (entry, seed) at once, each into the folder that ``raycobo compare`` would give it, and
 then lets ``raycobo compare --resume`` read the finished runs back and write the table,
 the CSV and the plots. A run still going after ``--timeout`` seconds is interrupted
-(SIGINT: it checkpoints and ends ``interrupted``) and the table is not written; continue
-it with ``raycobo compare --resume OUT``.
+(SIGTERM: it checkpoints and ends ``interrupted``; SIGINT would be lost on a run started
+from a background job, which inherits SIGINT ignored) and the table is not written;
+continue it with ``raycobo compare --resume OUT``. A run that still has not ended a
+minute later is killed.
 
 Usage: python benchmarks/fidelity/parallel_compare.py CONFIG --out DIR [--timeout S]
        [key=value ...]
@@ -60,9 +62,14 @@ def main() -> int:
         time.sleep(1)
     late = [k for k, p in procs.items() if p.poll() is None]
     for k in late:
-        procs[k].send_signal(signal.SIGINT)
-    for p in procs.values():
-        p.wait(timeout=60)
+        procs[k].send_signal(signal.SIGTERM)
+    for k, p in procs.items():
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # never leave a run behind this script
+            print(f"  {k[0]} seed {k[1]}: no end 60 s after SIGTERM; killed", flush=True)
+            p.kill()
+            p.wait()
     for (e, s), p in procs.items():
         print(f"  {e} seed {s}: exit {p.returncode}", flush=True)
     print(f"all runs ended after {time.monotonic() - t0:.0f} s", flush=True)
