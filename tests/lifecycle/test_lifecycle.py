@@ -179,6 +179,9 @@ def test_run_and_variant_names_cannot_leave_the_output_root(quad_cfg):
 
 
 def _cli(*args, cwd):
+    """The CLI as a terminal starts it: SIGINT at its default even where pytest itself
+    runs in a background job (which inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "raycobo.cli", *args],
@@ -187,6 +190,7 @@ def _cli(*args, cwd):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
