@@ -1,5 +1,5 @@
 """raycobo: an experiment platform for collaborative (personalized federated) learning,
-built around CoBo (Pan et al., NeurIPS 2024).
+built around CoBo (Hashemi, He and Jaggi, NeurIPS 2024).
 
 The Python API (``raycobo.api``)::
 

@@ -1,6 +1,7 @@
 """FedSep: separated communication and learning layers (communication-efficient FL).
 
-Li, Huang, Huang, "FedSep: A Novel Two-Layer Federated Learning Framework"
+Li, Huang, "Resolving the Tug-of-War: A Separation of Communication and Learning in
+Federated Learning" (FedSep)
 -- Section 3 (Algorithm 1) and Section 4.1 (communication-efficient FL).
 
 Every round the sampled clients

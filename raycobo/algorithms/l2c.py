@@ -1,6 +1,6 @@
 """L2C: learning to collaborate through the validation loss after aggregation.
 
-Li, Zhou, Wang, Sun, Zhang, "Learning to Collaborate in Decentralized Learning of
+Li, Zhou, Tian, Tao, "Learning to Collaborate in Decentralized Learning of
 Personalized Models" (CVPR 2022) -- Section 3 and Algorithm 1.
 
 Every round t each client i
