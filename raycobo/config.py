@@ -295,12 +295,37 @@ def _format_error(err: ValidationError, prefix: list[str] | None = None) -> str:
     return f"invalid config key '{loc}': {msg}{got_s}"
 
 
+# values a config may expand to: YAML aliases are shared when loaded, but copied when the
+# config is validated and written (a 'billion laughs' of aliases in data.options grew
+# past 3 GB inside Config.to_yaml); real configs hold a few hundred
+MAX_CONFIG_VALUES = 100_000
+
+
+def check_expansion(tree: Any, where: str) -> None:
+    """Refuse a parsed YAML tree that expands (aliases counted at every use, cycles
+    included) to more than MAX_CONFIG_VALUES values, in O(MAX_CONFIG_VALUES) steps."""
+    stack, seen = [tree], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise ConfigError(
+                f"{where}: the YAML expands to more than {MAX_CONFIG_VALUES:,} values "
+                "(aliases repeated or nested?); refusing it"
+            )
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 def parse_value(text: str) -> Any:
     """Parse an override's value with YAML rules (``0.1`` -> float, ``[1,2]`` -> list)."""
     try:
         value = yaml.safe_load(text) if text != "" else ""
     except yaml.YAMLError:
         return text
+    check_expansion(value, f"override value '{text[:40]}'")
     if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string; users mean a number
         try:
             return float(value)
@@ -387,19 +412,24 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         tree = {}
     if not isinstance(tree, dict):
         raise ConfigError(f"{p}: top level must be a mapping of config keys")
+    check_expansion(tree, str(p))
     return tree
 
 
 def load_stored_config(path: str | Path) -> Config:
     """A config that raycobo wrote (a run's or comparison's ``config.yaml``). Versions
     before the per-method settings wrote every method's keys in one flat ``algorithm``
-    section; the keys of other methods are dropped, so those directories still resume."""
+    section; the keys of other methods are dropped, so those directories still resume. A
+    CoBo section written before ``algorithm.rule`` ran Algorithm 1's score, step and pull:
+    it resumes with rule paper."""
     tree = read_yaml(path)
     section = tree.get("algorithm")
     if isinstance(section, dict) and section.get("name", "cobo") in METHODS:
         own = method(section.get("name", "cobo")).settings.model_fields
         for key in [k for k in section if k not in own and methods_with(k)]:
             del section[key]
+        if section.get("name", "cobo") == "cobo" and "rule" not in section:
+            section["rule"] = "paper"  # written before algorithm.rule: Algorithm 1's rule
     return validate(tree)
 
 

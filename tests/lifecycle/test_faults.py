@@ -335,3 +335,25 @@ def test_sigterm_to_a_ray_engine_run_is_an_interruption(tmp_path):
     assert proc.returncode == 130, err.decode()[-2000:]
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["status"] == "interrupted" and s["error"] == "SIGTERM" and s["last_round"] > 0
+
+
+def test_a_yaml_alias_bomb_is_refused_at_load(tmp_path):
+    """A 'billion laughs' in data.options hung the process past 3 GB inside the config
+    dump; it is refused at load with one line naming the file, and so is one in an
+    override's value."""
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    body = "\n".join("    " + ln for ln in levels)
+    bomb.write_text(f"name: bomb\ndata:\n  name: quadratic\n  options:\n{body}\n")
+    t0 = time.perf_counter()
+    res = cli("run", bomb, "--out", tmp_path / "run", "-q")
+    assert res.exit_code == 2, res.output
+    assert "bomb.yaml" in res.output and "expands to more than" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+    assert time.perf_counter() - t0 < 60  # it stops at once, without building the tree
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("name: plain\ndata: {name: quadratic}\n")
+    cyclic = cli("run", plain, "--out", tmp_path / "run2", "-q", "data.options=&c [*c]")
+    assert cyclic.exit_code == 2 and "expands to more than" in cyclic.output
