@@ -145,6 +145,8 @@ def compare(
     from raycobo.comparison.plan import default_root
 
     cfg = load(config, **overrides)
+    if isinstance(algorithms, str):  # "cobo" or "local,cobo": names, not characters
+        algorithms = [a.strip() for a in algorithms.split(",") if a.strip()]
     entries = list(algorithms) if algorithms else list(cfg.compare.algorithms)
     track_on = cfg.tracking.enabled if track is None else track
     root = Path(out) if out is not None else None

@@ -255,6 +255,13 @@ def compare(
                     "compare --resume takes its config from the comparison's directory; "
                     f"drop CONFIG ({given[0]})"
                 )
+            flags = {"--algorithms": algorithms, "--seeds": seeds, "--out": out, "--tune": tune}
+            ignored = [flag for flag, value in flags.items() if value]
+            if ignored:  # the directory's stored comparison decides them
+                raise ConfigError(
+                    f"compare --resume continues the comparison stored in {resume}: drop "
+                    f"{', '.join(ignored)}"
+                )
             res = api.resume_compare(resume, track=track, progress=progress)
         elif config is None:
             raise ConfigError("missing CONFIG (an experiment YAML), or --resume COMPARE_DIR")

@@ -85,6 +85,10 @@ def make_plan(
         check_entry(e)
     check_overrides(cfg, entries)
     seeds = seeds or cfg.compare.seeds or [cfg.seed]
+    for what, items in (("algorithm", entries), ("seed", seeds)):
+        twice = sorted({str(x) for x in items if list(items).count(x) > 1})
+        if twice:  # two entries would write one folder: refused before anything runs
+            raise ConfigError(f"compare: {what} {', '.join(twice)} given twice")
     configs = {(e, s): entry_config(cfg, e, s) for e in entries for s in seeds}
     if resume and (out is None or not (out / "config.yaml").is_file()):
         raise ConfigError(f"nothing to resume in {out}: no comparison config.yaml there")

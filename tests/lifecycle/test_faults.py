@@ -357,3 +357,28 @@ def test_a_yaml_alias_bomb_is_refused_at_load(tmp_path):
     plain.write_text("name: plain\ndata: {name: quadratic}\n")
     cyclic = cli("run", plain, "--out", tmp_path / "run2", "-q", "data.options=&c [*c]")
     assert cyclic.exit_code == 2 and "expands to more than" in cyclic.output
+
+
+def test_compare_refuses_duplicates_and_flags_a_resume_would_ignore(tmp_path):
+    """`-a fedavg,local,fedavg` ran two entries and then failed on its own folder; a
+    resumed comparison silently ignored --algorithms, --seeds, --out and --tune."""
+    base = ("compare", REPO / "examples" / "quickstart.yaml", *QUAD, "--out", tmp_path / "c")
+    res = cli(*base, "-a", "fedavg,local,fedavg")
+    assert res.exit_code == 2 and "algorithm fedavg given twice" in one_line(res)
+    assert not (tmp_path / "c" / "fedavg").exists()
+    res = cli(*base, "-a", "local", "--seeds", "0,0")
+    assert res.exit_code == 2 and "seed 0 given twice" in one_line(res)
+    for flag in (["-a", "local"], ["--seeds", "1"], ["--out", str(tmp_path)], ["--tune", "x=y"]):
+        res = cli("compare", "--resume", tmp_path / "c", *flag)
+        assert res.exit_code == 2 and "drop " + flag[0].replace("-a", "--algorithms") in (
+            one_line(res)
+        ), res.output
+
+
+def test_the_api_takes_a_method_name_as_a_string(tmp_path):
+    import raycobo
+
+    cmp = raycobo.compare(quad("rounds=4", "eval_every=2"), "local", out=tmp_path / "c")
+    assert [r["algorithm"] for r in cmp.rows] == ["local"]
+    with pytest.raises(ConfigError, match="seed 0 given twice"):
+        raycobo.compare(quad("rounds=4"), ["local"], seeds=[0, 0], out=tmp_path / "d")
