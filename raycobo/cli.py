@@ -57,7 +57,14 @@ def _guarded(debug: bool, fn, *args, **kwargs):
         from raycobo.lifecycle.experiment import Terminated
 
         what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
-        _fail(f"{what}; partial results and checkpoints were kept in the run directory", 130)
+        run_dir = getattr(err, "run_dir", None)
+        if run_dir is None:
+            _fail(f"{what}; partial results and checkpoints were kept in the run directory", 130)
+        _fail(
+            f"{what} after round {getattr(err, 'last_round', 0)}; partial results and "
+            f"checkpoints are in {run_dir}; continue with: raycobo run --resume {run_dir}",
+            130,
+        )
     except Exception as err:  # noqa: BLE001 - one line for users; --debug shows the rest
         if debug:
             raise

@@ -153,6 +153,8 @@ def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals
     except BaseException as err:  # keep what was measured, say where, re-raise
         with signals.deferred():
             last, unwritten = _record_failure(err, writer, ctx, rs, start, callbacks)
+        if isinstance(err, KeyboardInterrupt):  # the message says where and how to go on
+            err.run_dir, err.last_round = writer.path, last  # type: ignore[attr-defined]
         if isinstance(err, ConfigError | KeyboardInterrupt):
             raise
         reason = _reason(err) + (f"; {unwritten}" if unwritten else "")

@@ -214,6 +214,8 @@ def test_signal_ends_a_run_interrupted_and_resume_finishes_it(tmp_path, sig):
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    # the one line names the run directory and the command that continues it
+    assert f"continue with: raycobo run --resume {tmp_path / 'cut'}" in err, err
     s = json.loads((tmp_path / "cut" / "summary.json").read_text())
     assert s["status"] == "interrupted" and s["error"] == sig.name
     last = s["last_round"]
