@@ -36,7 +36,7 @@ def open_session(cfg: Config) -> tuple[Session, Task]:
 
         return RaySession(cfg, data.n_clients, data), task
     algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
-    return LocalSession(algo, make_local_ops(cfg, data)), task
+    return LocalSession(algo, make_local_ops(cfg, data), cfg.engine.threads), task
 
 
 def make_local_ops(

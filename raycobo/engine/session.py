@@ -85,17 +85,27 @@ class Session(Protocol):
 class LocalSession:
     """The local and loop engines: the algorithm's state next to its ClientOps."""
 
-    def __init__(self, algorithm: Algorithm, ops: ClientOps):
+    def __init__(self, algorithm: Algorithm, ops: ClientOps, threads: int | None = None):
         self.algorithm, self.ops = algorithm, ops
         self.n_clients = ops.n_clients
         self.clusters = list(ops.clusters)
         self.elastic = isinstance(algorithm, Elastic)
         self.state: Any = None
+        self.threads, self._threads_before = threads, None
+
+    def _take_threads(self) -> None:
+        """engine.threads: torch's intra-op pool for the run (restored at close), so that
+        runs side by side do not oversubscribe the cores; null leaves torch's own."""
+        if self.threads:
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
 
     def start(self) -> None:
+        self._take_threads()
         self.state = self.algorithm.init(self.ops)
 
     def restore(self, tree: Any) -> None:
+        self._take_threads()
         self.state = load_into(self.algorithm.init(self.ops), tree)
 
     def round(self, t: int) -> dict[str, float]:
@@ -136,4 +146,6 @@ class LocalSession:
         return {}
 
     def close(self) -> None:
-        pass
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None

@@ -278,3 +278,19 @@ def test_precision_and_layout_settings_that_would_do_nothing_are_refused(
     cfg = digits_cfg(*overrides)
     with pytest.raises(ConfigError, match=needle):
         build(cfg)
+
+
+def test_engine_threads_hold_for_the_run_and_are_given_back(quad_cfg):
+    """engine.threads was read by Ray hosts only: a local run with threads 1 used ~1.75
+    cores. The local session takes torch's intra-op pool for the run and restores it."""
+    import torch
+
+    from raycobo.engine import open_session
+
+    before = torch.get_num_threads()
+    session, _ = open_session(quad_cfg("engine.threads=1", "algorithm.name=cobo"))
+    session.start()
+    assert torch.get_num_threads() == 1
+    session.round(0)
+    session.close()
+    assert torch.get_num_threads() == before
