@@ -155,7 +155,7 @@ class PlansAlignment(Protocol):
 
     def plan(self, state: Any, t: int, ops: ClientOps) -> Any: ...
 
-    def apply_alignment(self, state: Any, edges: torch.Tensor, G: torch.Tensor) -> Any: ...
+    def apply_alignment(self, state: Any, edges: torch.Tensor, G: torch.Tensor, t: int) -> Any: ...
 
     def step(self, state: Any, members: torch.Tensor, G: torch.Tensor) -> Any: ...
 
@@ -189,7 +189,9 @@ def tensor_layout(shapes: list[tuple[int, ...]] | list[torch.Size]) -> list[tupl
 
 def cluster_agreement(W: torch.Tensor | None, clusters: list[int | None]) -> dict[str, float]:
     """Mean off-diagonal W inside (``w_within``) and across (``w_across``) the
-    ground-truth clusters; empty without W, without clusters or with one client."""
+    ground-truth clusters, and ``mass_inside``: the share of each row's off-diagonal mass
+    inside its cluster (what the pull sees: many small cross weights add up), averaged
+    over rows with mass; empty without W, without clusters or with one client."""
     if W is None or any(c is None for c in clusters) or W.shape[0] < 2:
         return {}
     cl = torch.tensor(clusters)
@@ -201,4 +203,13 @@ def cluster_agreement(W: torch.Tensor | None, clusters: list[int | None]) -> dic
         out["w_within"] = float(Wc[same & off].mean())
     if (~same).any():
         out["w_across"] = float(Wc[~same].mean())
+    out.update(mass_inside(Wc.sum(1) - Wc.diagonal(), (Wc * (same & off)).sum(1)))
     return out
+
+
+def mass_inside(total: torch.Tensor, inside: torch.Tensor) -> dict[str, float]:
+    """{"mass_inside": mean of inside / total over the rows with total > 0} (or {})."""
+    has = total > 0
+    if not bool(has.any()):
+        return {}
+    return {"mass_inside": float((inside[has] / total[has]).double().mean())}

@@ -1,6 +1,6 @@
 """CoBo: Collaborative Learning via Bilevel Optimization.
 
-Pan, Zhu, He, Jaggi, "CoBo: Collaborative Learning via Bilevel Optimization",
+Hashemi, He, Jaggi, "CoBo: Collaborative Learning via Bilevel Optimization",
 NeurIPS 2024, https://arxiv.org/abs/2409.05539 -- Algorithm 1.
 
 Each round t:
@@ -13,10 +13,21 @@ Each round t:
    probability simplex over the other clients (W^0 uniform, w_ii = 0).
 2. model training (Eq. 2 / Eq. 3), synchronous in the round-t models:
    x_i <- x_i - eta * (g_i(x_i) + rho * sum_k w_ik (x_i - x_k)).
+
+That is ``algorithm.rule: paper``. The default rule (``raycobo``, chosen on the regime
+matrix of benchmarks/regimes, README "CoBo's defaults") changes three things, each a
+setting of its own: the score is the cosine of g_i(z_ij) and g_j(z_ij) (``alignment``:
+the same gamma whatever the gradients' scale), gamma shrinks with the samples a pair has
+had (``gamma_decay``: W is learned early, and its late samples -- noisy, or negative once
+the models fit their few data -- move it little), and the pull goes toward the
+W-weighted mean of x_i and its collaborators (``pull: mean``: its strength does not
+grow with the number of clients, and many small cross-cluster weights do not add up to
+a pull of their own).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
@@ -29,7 +40,7 @@ from raycobo.algorithms.projections import project_box, project_simplex
 from raycobo.algorithms.samplers import EdgeSampler
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.algorithms.sparse_weights import SparseBoxWeights
-from raycobo.settings import ConfigError
+from raycobo.settings import ConfigError, Section
 
 # above this many clients the final W is not materialised densely for the run directory
 
@@ -37,22 +48,76 @@ Sampling = Literal["constant", "time", "mixed", "mixed_sqrt", "full"]
 Domain = Literal["box", "simplex"]
 
 
+# The defaults of Eq. (1)'s score and step and of Eq. (2)'s pull, per ``algorithm.rule``.
+# raycobo: chosen on the regime matrix's validation data (benchmarks/regimes, README
+# "CoBo's defaults"); paper: Algorithm 1 as printed (inner product, constant gamma, the
+# penalty summed over collaborators), gamma 0.01 as measured on the cross-device twin.
+RULES: dict[str, dict[str, object]] = {
+    "raycobo": {
+        "alignment": "cosine",
+        "gamma": 3.0,
+        "gamma_decay": "sqrt",
+        "pull": "mean",
+        "mixed_switch": 0.5,
+    },
+    "paper": {
+        "alignment": "inner",
+        "gamma": 0.01,
+        "gamma_decay": "none",
+        "pull": "sum",
+        "mixed_switch": 0.5,
+    },
+}
+
+
+class SwitchAfter(Section):
+    """mixed sampling's constant phase, as a number of samples of each pair (in
+    expectation) instead of a share of the rounds."""
+
+    samples: float = Field(gt=0, description="expected samples of a pair before the switch")
+
+
+def _by_rule(key: str) -> str:
+    return " (null: by algorithm.rule: raycobo {raycobo}, paper {paper})".format(
+        **{r: RULES[r][key] for r in RULES}
+    )
+
+
 class CoBoConfig(MethodConfig):
     """CoBo (Algorithm 1; Eq. 1-3)."""
 
     name: Literal["cobo"] = "cobo"
-    # Defaults: Algorithm 1 as printed (shared x^0, inner-product score, W step first, no
-    # momentum) with the sampling the paper reports best (Table 1: mixed). The paper gives
-    # neither gamma nor rho for its vision runs; ours come from the cross-device twin
-    # (README, "CoBo's defaults"): gamma 0.01, rho auto (0.4 / (lr n) at n = 80), and
-    # the constant phase at c = 2 for half the rounds -- the paper's 0.2 % of 40,000
-    # iterations is 80 rounds, but 0.2 % of a twin's 3,000 is 6, before W has separated.
-    # penalty strength; auto: 0.3, lowered as 0.4 / (lr n) where the box domain's W^0 = 1
-    # would make the penalty step unstable (see CoBo.penalty)
+    rule: Literal["raycobo", "paper"] = Field(
+        default="raycobo",
+        description="the defaults of alignment, gamma, gamma_decay, pull and mixed_switch: "
+        "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
+    )
+    # penalty strength; auto: pull mean: lr * rho = 0.2 (a fifth of the way to the
+    # collaborators' weighted mean per step); pull sum: 0.3, lowered as 0.4 / (lr n)
+    # where the box domain's W^0 = 1 would make the penalty step unstable (CoBo.penalty)
     rho: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(
         default="auto", description="rho: strength of the pull toward collaborators"
     )
-    gamma: float = Field(default=0.01, gt=0, description="gamma: W step size")
+    gamma: float | None = Field(
+        default=None, gt=0, description="gamma: W step size" + _by_rule("gamma")
+    )
+    alignment: Literal["inner", "cosine"] | None = Field(
+        default=None,
+        description="Eq. (1)'s score: the inner product <g_i, g_j> (paper) or its cosine "
+        "(scale-free)" + _by_rule("alignment"),
+    )
+    gamma_decay: Literal["none", "sqrt", "linear"] | None = Field(
+        default=None,
+        description="W step schedule: constant gamma (paper), gamma / sqrt(1 + k_t) or "
+        "gamma / (1 + k_t), k_t the samples a pair has had in expectation before round t"
+        + _by_rule("gamma_decay"),
+    )
+    pull: Literal["sum", "mean"] | None = Field(
+        default=None,
+        description="Eq. (2)'s penalty: rho sum_j w_ij (x_i - x_j) (paper), or toward the "
+        "W-weighted mean of x_i and its collaborators (rows divided by max(1, sum_j w_ij), "
+        "w_ii = 1 in the box domain)" + _by_rule("pull"),
+    )
     sampling: Sampling = Field(default="mixed", description="edge sampling strategy")
     domain: Domain = Field(default="box", description="W's domain: box [0,1] or simplex rows")
     weights: Literal["auto", "dense", "sparse"] = Field(
@@ -62,18 +127,14 @@ class CoBoConfig(MethodConfig):
     )
     sampling_c: float = Field(default=2.0, gt=0, description="constant: p = c/n")
     time_c: float = Field(default=1.0, gt=0, description="time: p_t = min(1, c/t)")
-    mixed_switch: float = Field(
-        default=0.5,
-        ge=0,
-        le=1,
-        description="mixed, mixed_sqrt: share of rounds sampled as constant",
+    mixed_switch: Annotated[float, Field(ge=0, le=1)] | SwitchAfter | None = Field(
+        default=None,
+        description="mixed, mixed_sqrt: the constant phase, a share of the rounds or "
+        "{samples: K} (until each pair has had K samples in expectation, whatever the run's "
+        "length)" + _by_rule("mixed_switch"),
     )
     # the authors' code (github epfml/CoBo, personalized-vision-models) where it differs
     # from Algorithm 1; the defaults are the paper's
-    alignment: Literal["inner", "cosine"] = Field(
-        default="inner",
-        description="Eq. (1)'s score: the inner product <g_i, g_j> (paper) or its cosine",
-    )
     momentum: float = Field(
         default=0.0,
         ge=0,
@@ -91,11 +152,44 @@ class CoBoConfig(MethodConfig):
         "first and W at the new models' midpoints (authors' code)",
     )
 
+    def effective(self) -> dict:
+        """The settings with the rule's values where a key is null."""
+        out = self.model_dump(mode="json")
+        for key, value in RULES[self.rule].items():
+            if out[key] is None:
+                out[key] = value
+        return out
+
+
+def _switch(value) -> tuple[float, float | None]:
+    """mixed_switch as EdgeSampler's (share of rounds, samples) arguments."""
+    if isinstance(value, SwitchAfter | dict):
+        samples = value.samples if isinstance(value, SwitchAfter) else value["samples"]
+        return 0.0, float(samples)
+    return float(value), None
+
+
+class RuleView:
+    """The settings as CoBo reads them: a null key of ``RULES`` takes its rule's value."""
+
+    def __init__(self, cfg: CoBoConfig):
+        object.__setattr__(self, "_cfg", cfg)
+
+    def __getattr__(self, key: str):
+        if key.startswith("_"):  # _cfg before it is set (unpickling), dunder look-ups
+            raise AttributeError(key)
+        value = getattr(self._cfg, key)
+        if value is None and key in RULES["paper"]:
+            return RULES[self._cfg.rule][key]
+        return value
+
 
 DENSE_EXPORT_LIMIT = 4096
 # rho auto = AUTO_RHO_SCALE / (lr n) at large n: 1.0 (a one-step contraction) left W
 # within clusters fading on the cross-device twin; 0.4 kept it (FIDELITY.md)
 AUTO_RHO_SCALE = 0.4
+# pull: mean with rho auto: lr * rho, the share of the way to the collaborators' mean
+MEAN_PULL = 0.2
 
 
 @dataclass
@@ -182,15 +276,26 @@ def penalty(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     return W.sum(dim=1, keepdim=True) * X - W @ X
 
 
+def mean_rows(W: torch.Tensor) -> torch.Tensor:
+    """W's rows divided by max(1, their sum): the pull toward the W-weighted mean of x_i
+    and its collaborators (``pull: mean``; the box domain's w_ii = 1 counts, so a client
+    whose collaborators' weights have faded is pulled little); rows of mass below 1
+    (the simplex domain's) are left as they are."""
+    return W / W.sum(dim=1, keepdim=True).clamp_min(1.0)
+
+
 def penalized_step(
-    X: torch.Tensor, G: torch.Tensor, W: torch.Tensor, lr: float, rho: float
+    X: torch.Tensor, G: torch.Tensor, W: torch.Tensor, lr: float, rho: float, pull: str = "sum"
 ) -> torch.Tensor:
     """Eq. (3) in three passes over (n, d):
-    X - lr (G + rho (diag(W 1) - W) X) = (1 - lr rho deg) X + lr rho W X - lr G."""
+    X - lr (G + rho (diag(W 1) - W) X) = (1 - lr rho deg) X + lr rho W X - lr G.
+    ``pull='mean'``: the same with W's rows divided by max(1, their sum)."""
     if isinstance(W, SparseBoxWeights):
-        keep = 1.0 - lr * rho * W.degree()[:, None].to(X.dtype)
-        return (X * keep).add_(W.matmul(X), alpha=lr * rho).add_(G, alpha=-lr)
-    return penalized_rows(X, X, G, W, lr, rho)
+        deg = W.degree()[:, None].to(X.dtype)
+        scale = 1.0 / deg.clamp_min(1.0) if pull == "mean" else torch.ones_like(deg)
+        keep = 1.0 - lr * rho * deg * scale
+        return (X * keep).add_(W.matmul(X) * scale, alpha=lr * rho).add_(G, alpha=-lr)
+    return penalized_rows(X, X, G, mean_rows(W) if pull == "mean" else W, lr, rho)
 
 
 def penalized_rows(
@@ -240,7 +345,7 @@ class CoBo:
     name = "cobo"
 
     def __init__(self, cfg: CoBoConfig, rounds: int, seed: int):
-        self.cfg = cfg
+        self.cfg = RuleView(cfg)
         self.rounds = rounds
         self.seed = seed
 
@@ -255,6 +360,16 @@ class CoBo:
         c = self.cfg
         if c.domain == "simplex":
             return 0.3 if c.rho == "auto" else float(c.rho)
+        if c.pull == "mean":  # rows of mass >= 1 sum to 1: the step contracts by lr rho
+            if c.rho == "auto":
+                return MEAN_PULL / c.lr
+            if c.lr * c.rho >= 1.0:
+                raise ConfigError(
+                    f"invalid config key 'algorithm.rho': algorithm.lr * algorithm.rho = "
+                    f"{c.lr * c.rho:.3g} >= 1 overshoots the collaborators' mean "
+                    "(pull: mean); lower them, or use rho: auto"
+                )
+            return float(c.rho)
         if c.rho == "auto":
             return min(0.3, AUTO_RHO_SCALE / (c.lr * max(n, 1)))
         if c.lr * c.rho * n >= 2.0:
@@ -266,10 +381,21 @@ class CoBo:
             )
         return float(c.rho)
 
+    def gamma_at(self, t: int, n: int) -> float:
+        """Round t's W step: gamma, divided by sqrt(1 + k_t) or 1 + k_t (gamma_decay;
+        k_t = the samples a pair has had in expectation before round t among n present
+        clients), so that W is learned early and its late samples, noisy once the models
+        fit their data, move it little."""
+        c = self.cfg
+        if c.gamma_decay == "none":
+            return c.gamma
+        k = self.sampler(n).expected_samples(t)
+        return c.gamma / (math.sqrt(1.0 + k) if c.gamma_decay == "sqrt" else 1.0 + k)
+
     def sampler(self, n: int) -> EdgeSampler:
         c = self.cfg
         return EdgeSampler(
-            c.sampling, n, self.rounds, self.seed, c.sampling_c, c.time_c, c.mixed_switch
+            c.sampling, n, self.rounds, self.seed, c.sampling_c, c.time_c, *_switch(c.mixed_switch)
         )
 
     def init(self, ops: ClientOps) -> CoBoState:
@@ -285,9 +411,8 @@ class CoBo:
                 "invalid config key 'algorithm.weights': sparse W needs algorithm.domain=box "
                 "(a simplex projection rewrites whole rows)"
             )
-        if sparse:
-            return CoBoState(X, SparseBoxWeights.ones(n, X.device))
-        return CoBoState(X, initial_weights(n, c.domain, X.device))
+        W = SparseBoxWeights.ones(n, X.device) if sparse else initial_weights(n, c.domain, X.device)
+        return CoBoState(X, W)
 
     def sample_edges(
         self, active: torch.Tensor | None, t: int, n_clients: int, device=None
@@ -326,13 +451,14 @@ class CoBo:
             torch.index_select(X, 0, members, out=Z[2 * E :])
         return RoundPlan(edges, torch.cat([i, j]), Z, torch.cat([j, i]), members)
 
-    def apply_alignment(self, state: CoBoState, edges, G_align: torch.Tensor) -> CoBoState:
-        """Eq. (1) from the alignment gradients (rows: all i-endpoints, then all j)."""
+    def apply_alignment(self, state: CoBoState, edges, G_align: torch.Tensor, t: int) -> CoBoState:
+        """Eq. (1) from round t's alignment gradients (rows: all i-endpoints, then all j)."""
         E = edges.shape[0]
         if E == 0:
             return state
         scores = alignment_scores(G_align[:E], G_align[E:], self.cfg.alignment)
-        W = update_weights(state.W, edges, scores, self.cfg.gamma, self.cfg.domain)
+        gamma = self.gamma_at(t, self.present(state))
+        W = update_weights(state.W, edges, scores, gamma, self.cfg.domain)
         return replace(state, W=W)
 
     def step(self, state: CoBoState, members: torch.Tensor, G: torch.Tensor) -> CoBoState:
@@ -352,11 +478,16 @@ class CoBo:
                 M[members] = c.momentum * M[members] + (1 - c.momentum) * G
             G = M[members]
         if state.active is None:
-            X = penalized_step(X, G, W, c.lr, rho)
+            X = penalized_step(X, G, W, c.lr, rho, c.pull)
         else:  # only the present clients step, pulled only toward each other
             X = X.clone()
-            X[members] = penalized_step(X[members], G, W[members][:, members], c.lr, rho)
+            sub = W[members][:, members]
+            X[members] = penalized_step(X[members], G, sub, c.lr, rho, c.pull)
         return CoBoState(X, W, state.active, M)
+
+    @staticmethod
+    def present(state: CoBoState) -> int:
+        return state.X.shape[0] if state.active is None else int(state.active.sum())
 
     def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
         if self.cfg.order == "models_first":
@@ -370,7 +501,7 @@ class CoBo:
         salts = torch.cat([p.align_salts, torch.zeros(n, dtype=torch.int64, device=dev)])
         streams = torch.cat([torch.full((2 * E,), rng.ALIGN), torch.full((n,), rng.STEP)])
         G_all, L_all = ops.grads(clients, p.points, t, streams.to(dev), salts)
-        state = self.apply_alignment(state, p.edges, G_all[: 2 * E])  # Eq. (1)
+        state = self.apply_alignment(state, p.edges, G_all[: 2 * E], t)  # Eq. (1)
         state = self.step(state, p.members, G_all[2 * E :])  # Eq. (3), W^{t+1} and x^t
         return state, self.stats(L_all[2 * E :], E, n)
 
@@ -384,7 +515,7 @@ class CoBo:
         E = p.edges.shape[0]
         if E:
             G_align, _ = ops.grads(p.align_clients, p.align_points, t, rng.ALIGN, p.align_salts)
-            state = self.apply_alignment(state, p.edges, G_align)
+            state = self.apply_alignment(state, p.edges, G_align, t)
         return state, self.stats(L, E, members.numel())
 
     @staticmethod

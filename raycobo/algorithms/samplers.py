@@ -20,6 +20,8 @@ O(expected edges) -- not O(n^2) -- by geometric skipping over the pair index.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -76,8 +78,12 @@ class EdgeSampler:
     sampling_c: float = 1.0
     time_c: float = 1.0
     mixed_switch: float = 0.002
+    switch_samples: float | None = None  # or: switch once a pair had this many samples
 
     def switch_round(self) -> int:
+        if self.switch_samples is not None:  # the constant phase gives each pair K samples
+            const = min(1.0, self.sampling_c / max(self.n, 1))
+            return int(math.ceil(self.switch_samples / const))
         return int(math.ceil(self.mixed_switch * self.rounds))
 
     def probability(self, t: int) -> float:
@@ -95,7 +101,30 @@ class EdgeSampler:
             return const if t < self.switch_round() else min(1.0, self.time_c / math.sqrt(t + 1))
         raise ValueError(f"unknown sampling '{self.kind}'")
 
+    def expected_samples(self, t: int) -> float:
+        """How often a pair has been sampled before round t, in expectation: the sum of
+        p_tau over tau < t."""
+        if t <= 0:
+            return 0.0
+        return _cumulative(self, t)
+
     def sample(self, t: int) -> torch.Tensor:
         """Edges (E, 2) with i < j for round t."""
         gen = rng.generator(self.seed, rng.SAMPLER, t)
         return bernoulli_pairs(self.n, self.probability(t), gen)
+
+
+@functools.lru_cache(maxsize=64)
+def _probabilities(sampler: EdgeSampler, upto: int) -> list[float]:
+    total, out = 0.0, [0.0]
+    for t in range(upto):
+        total += sampler.probability(t)
+        out.append(total)
+    return out
+
+
+def _cumulative(sampler: EdgeSampler, t: int) -> float:
+    """sum_{tau < t} p_tau, from a table over max(t, rounds) rounds (cached per sampler,
+    the seed aside: it does not change the probabilities)."""
+    key = dataclasses.replace(sampler, seed=0)
+    return _probabilities(key, max(t, sampler.rounds))[t]

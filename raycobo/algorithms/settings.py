@@ -22,6 +22,11 @@ class MethodConfig(Section):
     name: str
     lr: float = Field(default=0.1, gt=0, description="eta: model step size")
 
+    def effective(self) -> dict:
+        """The settings as the method runs them (keys left null for a method's own rule
+        filled in), for records that are searched by value (MLflow params)."""
+        return self.model_dump(mode="json")
+
 
 class LocalTraining(Section):
     local_steps: int = Field(default=1, ge=1, description="local SGD steps per round")

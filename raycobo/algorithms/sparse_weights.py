@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from raycobo.algorithms.base import mass_inside
+
 
 @dataclass
 class SparseBoxWeights:
@@ -100,6 +102,14 @@ class SparseBoxWeights:
             out["w_within"] = self.base + float(delta[same].sum()) / pairs_within
         if pairs_all - pairs_within > 0:
             out["w_across"] = self.base + float(delta[~same].sum()) / (pairs_all - pairs_within)
+        # each row's off-diagonal mass, and its part inside the row's cluster
+        total = torch.full(
+            (self.n,), self.base * (self.n - 1), dtype=torch.float64, device=delta.device
+        )
+        total.index_add_(0, i, delta).index_add_(0, j, delta)
+        inside = (self.base * (counts[cl] - 1)).to(delta.device)
+        inside.index_add_(0, i[same], delta[same]).index_add_(0, j[same], delta[same])
+        out.update(mass_inside(total, inside))
         return out
 
     def export(self) -> dict[str, torch.Tensor | int | float]:

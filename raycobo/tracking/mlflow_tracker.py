@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from raycobo.algorithms.settings import MethodConfig
 from raycobo.config import TrackingConfig
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 
@@ -163,7 +164,11 @@ class MLflowTracker(BaseCallback):
                 tags["mlflow.parentRunId"] = parent
             run = client.create_run(exp_id, run_name=self.run_name or ctx.run_dir.name, tags=tags)
             self.client, self.run_id = client, run.info.run_id
-            params = [Param(k, v) for k, v in flatten_params(ctx.cfg.to_dict()).items()]
+            # the method's settings as it runs them (CoBo's rule-decided keys filled in)
+            algo = ctx.cfg.algorithm
+            own = algo.effective() if isinstance(algo, MethodConfig) else algo.model_dump()
+            tree = {**ctx.cfg.to_dict(), "algorithm": own}
+            params = [Param(k, v) for k, v in flatten_params(tree).items()]
             for a in range(0, len(params), _MAX_BATCH):
                 client.log_batch(self.run_id, params=params[a : a + _MAX_BATCH])
             ctx.mlflow_run_id = self.run_id

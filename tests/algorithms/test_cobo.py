@@ -28,7 +28,7 @@ def two_clients(mu1, mu2, a=(1.0, 2.0), x0=None, noise=0.0):
 def test_one_round_matches_hand_computation():
     """Two full-batch quadratics, noise 0, W^0 = 1, full sampling: one round by hand."""
     ops = two_clients([1.0, 0.0], [0.0, 2.0], a=(1.0, 2.0))
-    cfg = CoBoConfig(lr=0.1, rho=0.5, gamma=0.05, sampling="full")
+    cfg = CoBoConfig(rule="paper", lr=0.1, rho=0.5, gamma=0.05, sampling="full")
     algo = CoBo(cfg, rounds=10, seed=0)
     X = torch.tensor([[2.0, 1.0], [-1.0, 0.0]])
     state = CoBoState(X.clone(), torch.ones(2, 2))
@@ -82,7 +82,7 @@ def test_penalty_is_weighted_sum_of_differences():
 def test_figure1_point_a_far_from_optima_keeps_collaborating():
     """Both models far from nearby optima: gradients at the midpoint align, w stays 1."""
     ops = two_clients([1.0, 0.0], [-1.0, 0.0], x0=[0.0, 50.0])
-    cfg = CoBoConfig(lr=0.01, rho=0.1, gamma=0.1, sampling="full")
+    cfg = CoBoConfig(rule="paper", lr=0.01, rho=0.1, gamma=0.1, sampling="full")
     state = run_rounds(CoBo(cfg, 20, 0), ops, 20)
     assert state.W[0, 1] == 1.0
 
@@ -90,7 +90,7 @@ def test_figure1_point_a_far_from_optima_keeps_collaborating():
 def test_figure1_point_b_separated_optima_disconnect():
     """Near convergence with distinct optima the gradients oppose: w goes to 0."""
     ops = two_clients([3.0, 0.0], [-3.0, 0.0], x0=[0.0, 0.0])
-    cfg = CoBoConfig(lr=0.1, rho=0.1, gamma=0.1, sampling="full")
+    cfg = CoBoConfig(rule="paper", lr=0.1, rho=0.1, gamma=0.1, sampling="full")
     state = run_rounds(CoBo(cfg, 150, 0), ops, 150)
     assert state.W[0, 1] == 0.0
     # disconnected, each model reaches its own optimum
@@ -196,7 +196,7 @@ def test_a_run_beyond_the_dense_limit_writes_sparse_w(quad_cfg, tmp_path):
     assert not (res.run_dir / "collaboration.npy").exists()
     W = torch.load(res.run_dir / "collaboration_sparse.pt")
     assert W["n"] == 5200 and W["i"].numel() == W["w"].numel() > 0
-    assert set(s["cluster_agreement"]) == {"w_within", "w_across"}
+    assert set(s["cluster_agreement"]) == {"w_within", "w_across", "mass_inside"}
 
 
 def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path):
@@ -279,3 +279,158 @@ def test_weight_rows_update_like_the_whole_matrix(domain):
     if domain == "simplex":
         assert torch.allclose(W.sum(dim=1), torch.ones(n))
         assert torch.all(W.diagonal() == 0)
+
+
+def three_clients(mus, a=(1.0, 2.0, 0.5)):
+    mu = torch.tensor(mus, dtype=torch.float32)
+    p = QuadraticProblem(mu, torch.arange(3), torch.tensor(a), 0.0, torch.zeros(mu.shape[1]))
+    return QuadraticOps(p, seed=0)
+
+
+def test_the_raycobo_rule_by_hand_over_two_rounds():
+    """The default rule on three full-batch quadratics, full sampling: Eq. (1) with the
+    cosine of the midpoint gradients and gamma / sqrt(1 + k_t) (k_t = t: every pair is
+    sampled every round), Eq. (3) pulled toward the W-weighted mean of x_i and its
+    collaborators (w_ii = 1) with lr * rho = 0.2 (rho auto)."""
+    mus = [[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0]]
+    ops = three_clients(mus)
+    cfg = CoBoConfig(lr=0.1, sampling="full")
+    algo = CoBo(cfg, rounds=10, seed=0)
+    assert (algo.cfg.alignment, algo.cfg.gamma, algo.cfg.gamma_decay, algo.cfg.pull) == (
+        "cosine",
+        3.0,
+        "sqrt",
+        "mean",
+    )
+    assert algo.penalty(3) == pytest.approx(2.0)
+    mu, a = torch.tensor(mus), torch.tensor([1.0, 2.0, 0.5])
+    X = torch.tensor([[2.0, 1.0], [-1.0, 0.0], [0.5, 0.5]])
+    W = torch.ones(3, 3)
+    state = CoBoState(X.clone(), W.clone())
+    for t in range(2):
+        state, _ = algo.round(state, t, ops)
+        gamma = 3.0 / (1.0 + t) ** 0.5
+        for i, j in [(0, 1), (0, 2), (1, 2)]:
+            z = (X[i] + X[j]) / 2
+            gi, gj = a[i] * (z - mu[i]), a[j] * (z - mu[j])
+            cos = float(gi @ gj / (gi.norm() * gj.norm()))
+            W[i, j] = W[j, i] = min(1.0, max(0.0, float(W[i, j]) + gamma * cos))
+        G = a[:, None] * (X - mu)
+        target = (W @ X) / W.sum(dim=1, keepdim=True)  # rows of mass >= 1 (w_ii = 1)
+        X = X - 0.1 * (G + 2.0 * (X - target))
+        assert_close(state.W, W)
+        assert_close(state.X, X)
+
+
+def test_the_paper_rule_is_one_setting_away():
+    """rule: paper gives Algorithm 1's score, constant step and summed pull; a key set
+    explicitly wins over its rule."""
+    algo = CoBo(CoBoConfig(rule="paper"), rounds=10, seed=0)
+    assert (algo.cfg.alignment, algo.cfg.gamma, algo.cfg.gamma_decay, algo.cfg.pull) == (
+        "inner",
+        0.01,
+        "none",
+        "sum",
+    )
+    algo = CoBo(CoBoConfig(rule="paper", gamma=0.2, pull="mean"), rounds=10, seed=0)
+    assert (algo.cfg.gamma, algo.cfg.pull, algo.cfg.alignment) == (0.2, "mean", "inner")
+
+
+def test_a_run_written_before_the_rule_resumes_with_algorithm_1(tmp_path):
+    """A stored CoBo section without ``rule`` (the earlier versions) ran Algorithm 1."""
+    import yaml
+
+    from raycobo.config import load_stored_config
+
+    old = {"algorithm": {"name": "cobo", "gamma": 0.01, "alignment": "inner"}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    cfg = load_stored_config(tmp_path / "config.yaml")
+    assert cfg.algorithm.rule == "paper"
+    assert CoBo(cfg.algorithm, 10, 0).cfg.pull == "sum"
+
+
+def test_the_mean_pull_agrees_between_dense_and_sparse_w():
+    from raycobo.algorithms.cobo import penalized_step
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+
+    g = torch.Generator().manual_seed(0)
+    n, d = 7, 4
+    X, G = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    sparse = SparseBoxWeights.ones(n)
+    edges = torch.tensor([[0, 1], [0, 5], [2, 3], [4, 6], [1, 6]])
+    sparse = update_weights(sparse, edges, torch.tensor([-3.0, -8.0, 2.0, -1.0, -0.5]), 0.1, "box")
+    dense = sparse.to_dense()
+    want = penalized_step(X, G, dense, 0.1, 2.0, "mean")
+    assert_close(penalized_step(X, G, sparse, 0.1, 2.0, "mean"), want)
+    # the pull is toward the weighted mean of x_i and its collaborators
+    target = (dense @ X) / dense.sum(dim=1, keepdim=True)
+    assert_close(want, X - 0.1 * (G + 2.0 * (X - target)))
+
+
+@pytest.mark.parametrize("sizes", [[2, 2], [2, 4, 6, 8, 10]])
+def test_example2_with_the_defaults_beats_local_and_recovers_the_clusters(quad_cfg, sizes):
+    """CoBo's Example 2 with every CoBo key at its default (the issue's case: the earlier
+    defaults ended at 0.7 here, Local at 0.003): a lower loss than Local and W the
+    cluster indicator, from clusters of 2 to 10 clients."""
+    from raycobo.algorithms.base import cluster_agreement
+
+    cfg = quad_cfg(
+        f"data.partition.clients_per_cluster=[{','.join(map(str, sizes))}]",
+        "data.dim=10",
+        "data.noise=0.1",
+        "rounds=400",
+    )
+    data, ops, algo = build(cfg)
+    state = run_rounds(algo, ops, cfg.rounds)
+    cobo_loss = float(evaluate(algo, state, ops).loss.mean())
+    local_cfg = quad_cfg(
+        *[
+            f"data.partition.clients_per_cluster=[{','.join(map(str, sizes))}]",
+            "data.dim=10",
+            "data.noise=0.1",
+            "rounds=400",
+            "algorithm.name=local",
+        ]
+    )
+    _, l_ops, local = build(local_cfg)
+    local_loss = float(evaluate(local, run_rounds(local, l_ops, 400), l_ops).loss.mean())
+    assert cobo_loss < local_loss
+    agree = cluster_agreement(state.W, data.cluster.tolist())
+    assert agree["w_within"] > 0.5 and agree["w_across"] < 0.01
+    assert agree["mass_inside"] > 0.99
+
+
+def test_mass_inside_is_the_same_for_dense_and_sparse_w():
+    from raycobo.algorithms.base import cluster_agreement
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+
+    clusters = [0, 0, 0, 1, 1, 2, 2]
+    sparse = SparseBoxWeights.ones(7)
+    edges = torch.tensor([[0, 1], [0, 5], [2, 3], [4, 6], [1, 6], [3, 4]])
+    scores = torch.tensor([-3.0, -8.0, -2.0, -10.0, -0.5, 1.0])
+    sparse = update_weights(sparse, edges, scores, 0.1, "box")
+    dense = cluster_agreement(sparse.to_dense(), clusters)
+    got = sparse.cluster_agreement(clusters)
+    assert set(got) == set(dense) == {"w_within", "w_across", "mass_inside"}
+    for k in dense:
+        assert got[k] == pytest.approx(dense[k])
+    # by hand: W = 1 except the entries above; client 0's row: inside 1 + 0.7, all 6 - 1.1
+    assert 0 < dense["mass_inside"] < 1
+
+
+def test_a_rho_sweep_on_example2_picks_collaboration(quad_cfg):
+    """A grid over rho (0: no pull, i.e. local training) on Example 2 with the other keys
+    at their defaults, 80 rounds, as the issue's 6-trial sweep: the best rho is > 0."""
+    losses = {}
+    for rho in [0.0, 0.5, 1.0, 2.0, 4.0, 8.0]:
+        cfg = quad_cfg(
+            "data.partition.clients_per_cluster=[2,3,5]",
+            "data.dim=10",
+            "data.noise=0.1",
+            "rounds=80",
+            f"algorithm.rho={rho}",
+        )
+        _, ops, algo = build(cfg)
+        losses[rho] = float(evaluate(algo, run_rounds(algo, ops, 80), ops).loss.mean())
+    assert min(losses, key=losses.get) > 0
+    assert min(losses.values()) < losses[0.0]

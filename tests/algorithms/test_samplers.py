@@ -82,3 +82,27 @@ def test_same_seed_same_edges_and_different_rounds_differ():
     b = EdgeSampler("constant", 40, 10, seed=3)
     assert torch.equal(a.sample(4), b.sample(4))
     assert not torch.equal(a.sample(4), a.sample(5))
+
+
+def test_expected_samples_sum_the_probabilities_and_a_switch_by_samples():
+    """k_t (the W step's decay) is the sum of the p_tau before t; mixed_switch
+    {samples: K} ends the constant phase once every pair has had K samples in
+    expectation, whatever the run's length."""
+    s = EdgeSampler("mixed", 40, 500, seed=3, sampling_c=2.0, time_c=1.0, mixed_switch=0.5)
+    assert s.expected_samples(0) == 0.0
+    for t in (1, 7, 250, 251, 499, 500):
+        assert s.expected_samples(t) == pytest.approx(sum(s.probability(u) for u in range(t)))
+    by_samples = EdgeSampler("mixed", 40, 500, 3, 2.0, 1.0, 0.0, switch_samples=10.0)
+    assert by_samples.switch_round() == 200  # 10 / (2 / 40)
+    assert by_samples.expected_samples(200) == pytest.approx(10.0)
+    longer = EdgeSampler("mixed", 40, 5000, 3, 2.0, 1.0, 0.0, switch_samples=10.0)
+    assert longer.switch_round() == 200
+
+
+def test_cobo_reads_mixed_switch_as_a_share_or_samples():
+    from raycobo.algorithms.cobo import CoBo, CoBoConfig
+
+    assert CoBo(CoBoConfig(mixed_switch=0.25), 400, 0).sampler(8).switch_round() == 100
+    by = CoBo(CoBoConfig(mixed_switch={"samples": 5}), 400, 0).sampler(8)
+    assert by.switch_round() == 20  # 5 samples at p = 2 / 8
+    assert CoBo(CoBoConfig(rule="paper"), 400, 0).sampler(8).switch_round() == 200

@@ -138,7 +138,7 @@ class StaleRounds(SyncRounds):
         applied = 0
         for r, edges, req in self.pending:
             if last or r <= t - self.staleness or req.ready():
-                self.state = algo.apply_alignment(self.state, edges, req.result())
+                self.state = algo.apply_alignment(self.state, edges, req.result(), r)
                 self.lags.append(t - r)
                 applied += edges.shape[0]
             else:

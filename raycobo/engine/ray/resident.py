@@ -99,6 +99,9 @@ class ResidentRounds:
         )
         self.blocks = [h.res_block.remote() for h in ops.hosts]  # x^0 published
 
+    def _present(self) -> int:
+        return self.ops.n_clients if self.active is None else int(self.active.sum())
+
     def restore(self, tree: dict[str, Any]) -> None:
         res = tree["resident"]
         self.ahead = None
@@ -276,7 +279,7 @@ class ResidentRounds:
         self.blocks_read[1] += H * H
         live = ops.live_hosts()  # dropped hosts hold no present client
         grads = {h: self._phase1(h, t, ends, members, blocks) for h in live}
-        steps = {h: self._phase2(h, edges, ends, grads, W_host, blocks) for h in live}
+        steps = {h: self._phase2(h, t, edges, ends, grads, W_host, blocks) for h in live}
         ops.coordination_s += time.perf_counter() - t0
         after = list(blocks)  # x^{t+1}: the live hosts' new blocks, the dropped hosts' last
         for h, (_, block) in steps.items():
@@ -297,7 +300,9 @@ class ResidentRounds:
             *(blocks[k] for k in need),
         )
 
-    def _phase2(self, h, edges, ends: _Endpoints, grads: dict, W_host, blocks: list) -> tuple:
+    def _phase2(
+        self, h, t: int, edges, ends: _Endpoints, grads: dict, W_host, blocks: list
+    ) -> tuple:
         """Host h's Eq. (1) on its W rows and Eq. (3) over the models it weighs
         (``res_update``): both endpoints' phase-1 gradients read host to host."""
         algo, c, E = self.algo, self.algo.cfg, edges.shape[0]
@@ -307,7 +312,15 @@ class ResidentRounds:
         src = sorted(set(hi[e].tolist()) | set(hj[e].tolist()) | {h})
         linked = torch.nonzero(W_host[h]).flatten().tolist()
         present = None if self.active is None else self.active.numpy()
-        hyper = (c.lr, algo.penalty(self.ops.n_clients), c.gamma, c.domain, c.alignment)
+        rho = algo.penalty(self.ops.n_clients)
+        hyper = (
+            c.lr,
+            rho,
+            algo.gamma_at(t, self._present()),
+            c.domain,
+            c.alignment,
+            c.pull,
+        )
         return (
             self.ops.hosts[h]
             .res_update.options(num_returns=2)
@@ -338,7 +351,8 @@ class ResidentRounds:
         for h, (sc, *_rest) in zip(hosts, results, strict=True):
             scores[hi == h] = torch.tensor(np.asarray(sc, dtype=np.float32))
         if E:
-            self.W = update_weights(self.W, p.edges, scores, c.gamma, c.domain)  # Eq. (1)
+            gamma = self.algo.gamma_at(p.t, self._present())
+            self.W = update_weights(self.W, p.edges, scores, gamma, c.domain)  # Eq. (1)
         loss = torch.cat([torch.tensor(np.asarray(r[1])) for r in results])
         p1, p2 = max(r[2] for r in results), max(r[3] for r in results)
         ops.critical_compute_s += p1 + p2

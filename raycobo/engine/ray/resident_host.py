@@ -91,13 +91,14 @@ class ResidentHostImpl(ClientHostImpl):
         phase-2 seconds of compute), the new block)."""
         from raycobo.algorithms.cobo import (
             alignment_scores,
+            mean_rows,
             penalized_rows_blocks,
             update_weight_rows,
         )
 
         if self.pending_step is None:  # restarted by Ray between the two phases
             raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
-        lr, rho, gamma, domain, kind = hyper
+        lr, rho, gamma, domain, kind, pull = hyper
         t0 = time.perf_counter()
         grads = parts[:n_grads]
         block_hosts = parts[n_grads::2]
@@ -114,6 +115,8 @@ class ResidentHostImpl(ClientHostImpl):
             if present is not None:  # absent clients neither pull nor are pulled
                 mask = torch.as_tensor(np.asarray(present, dtype=bool))
                 W_rows = W_rows * mask.to(self.device, W_rows.dtype)
+            if pull == "mean":  # toward the collaborators' W-weighted mean
+                W_rows = mean_rows(W_rows)
             all_members = members.numel() == len(self.clients)
             X_rows = self.X if all_members else self.X[members]
             linked = [
