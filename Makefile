@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick fidelity-ablation
+.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick fidelity-ablation regimes regimes-quick
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,18 @@ fidelity-quick: install data
 # the same and CoBo's settings one at a time on the cross-device twin (2 seeds each)
 fidelity-ablation: install data
 	$(PY) benchmarks/fidelity/run.py --jobs 2 --ablation
+
+# CoBo's regime matrix (benchmarks/regimes): Local, Oracle, CoBo's defaults and the paper's
+# rule on every cell, 3 seeds on the test split, then its table and plot in FIDELITY.md
+# (about two hours on 2 cores; -quick: the small cells, one seed, a few minutes)
+regimes: install data
+	$(PY) benchmarks/regimes/run.py --split test --candidates paper
+	$(PY) benchmarks/regimes/report.py --split test --entries cobo,paper \
+		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png
+
+regimes-quick: install
+	$(PY) benchmarks/regimes/run.py --quick --split test --candidates paper --out runs/regimes-quick
+	$(PY) benchmarks/regimes/report.py --split test --entries cobo,paper --out runs/regimes-quick
 
 clean:
 	rm -rf $(VENV) runs mlruns.db mlartifacts .pytest_cache

@@ -381,6 +381,9 @@ def _shown(out: Path) -> str:
         return str(out)
 
 
+REGIMES_START = "<!-- regimes:start -->"
+
+
 def write_report(out: Path, path: Path) -> Path:
     claims = yaml.safe_load((HERE / "claims.yaml").read_text())["claims"]
     body = [
@@ -422,7 +425,11 @@ def write_report(out: Path, path: Path) -> Path:
     ]
     intro = body.index("", 2) + 1  # the summary table goes after the opening paragraph
     text = "\n".join(body[:intro] + table + body[intro:])
-    path.write_text(text if text.endswith("\n") else text + "\n")
+    text = text if text.endswith("\n") else text + "\n"
+    old = path.read_text() if path.is_file() else ""
+    if REGIMES_START in old:  # the regime matrix's section (benchmarks/regimes) is kept
+        text += "\n" + REGIMES_START + old.split(REGIMES_START, 1)[1]
+    path.write_text(text)
     return path
 
 

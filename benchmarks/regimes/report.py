@@ -1,0 +1,217 @@
+"""The regime matrix's table and plot from ``run.py``'s results.
+
+Usage: python benchmarks/regimes/report.py [--out DIR] [--split test|validation]
+       [--write REGIMES.md] [--plot PATH]
+
+Per cell and entry: the score (accuracy, or loss for the quadratic cells), the share of
+the Local -> Oracle gap closed ((entry - local) / (oracle - local), in the metric's
+direction), W within/across at the end and the share of each row's mass inside its
+cluster, over seeds (mean; runs that diverged are counted and shown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+from run import load_cells, read_results  # noqa: E402
+
+MIN_GAP = {"accuracy": 0.03, "loss": 0.0}  # cells where Oracle - Local >= 3 points count
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.fmean(xs) if xs else None
+
+
+def summarize(rows: list[dict]) -> dict:
+    """-> {cell: {entry: {score, gap, diverged, n, w_within, w_across, mass_inside}}}"""
+    metric = {c["id"]: c.get("metric", "accuracy") for c in load_cells()}
+    by = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by[r["cell"]][r["entry"]].append(r)
+    table = {}
+    for cell, entries in by.items():
+        key = metric.get(cell, "accuracy")
+        score = {e: _mean([r[key] for r in rs if not r["diverged"]]) for e, rs in entries.items()}
+        local, oracle = score.get("local"), score.get("oracle")
+        table[cell] = {}
+        for e, rs in entries.items():
+            s = score[e]
+            gap = None
+            if None not in (s, local, oracle) and oracle != local:
+                gap = (s - local) / (oracle - local)
+            table[cell][e] = {
+                "score": s,
+                "gap": gap,
+                "n": len(rs),
+                "diverged": sum(r["diverged"] for r in rs),
+                "w_within": _mean([r.get("w_within") for r in rs]),
+                "w_across": _mean([r.get("w_across") for r in rs]),
+                "mass_inside": _mean([r.get("mass_inside") for r in rs]),
+                "seconds": _mean([r.get("seconds") for r in rs]),
+                "metric": key,
+            }
+    return table
+
+
+def counts(table: dict, cell: str) -> bool:
+    """Does the cell count for the targets (Oracle - Local >= 3 points of accuracy, or
+    any gap in loss)?"""
+    t = table[cell]
+    if "local" not in t or "oracle" not in t or None in (t["local"]["score"], t["oracle"]["score"]):
+        return False
+    key = t["local"]["metric"]
+    diff = t["oracle"]["score"] - t["local"]["score"]
+    return diff >= MIN_GAP[key] if key == "accuracy" else -diff > 0
+
+
+def fmt_score(v: dict | None) -> str:
+    if v is None or v["score"] is None:
+        return "diverged" if v and v["diverged"] else "-"
+    s = f"{100 * v['score']:.1f}" if v["metric"] == "accuracy" else f"{v['score']:.4f}"
+    return s + (f" ({v['diverged']} div.)" if v["diverged"] else "")
+
+
+def markdown(table: dict, entries: list[str]) -> str:
+    cells = [c["id"] for c in load_cells() if c["id"] in table]
+    head = "| cell | Local | Oracle | " + " | ".join(entries) + " |"
+    lines = [head, "|" + "---|" * (3 + len(entries))]
+    for cell in cells:
+        t = table[cell]
+        row = [
+            cell + ("" if counts(table, cell) else " (gap < 3)"),
+            fmt_score(t.get("local")),
+            fmt_score(t.get("oracle")),
+        ]
+        for e in entries:
+            v = t.get(e)
+            if v is None:
+                row.append("-")
+                continue
+            gap = "" if v["gap"] is None else f", **{100 * v['gap']:.0f} %**"
+            inside = "" if v["mass_inside"] is None else f", in {v['mass_inside']:.2f}"
+            row.append(fmt_score(v) + gap + inside)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def verdict(table: dict, entry: str) -> dict:
+    """The issue's targets for one entry over the counted cells."""
+    gaps, worst, below_local, low_mass, div = [], None, [], [], []
+    for cell in table:
+        v = table[cell].get(entry)
+        if v is None or not counts(table, cell):
+            continue
+        if v["diverged"]:
+            div.append(cell)
+        if v["gap"] is not None:
+            gaps.append(v["gap"])
+            worst = v["gap"] if worst is None else min(worst, v["gap"])
+            if v["gap"] < 0:
+                below_local.append(cell)
+        if v["mass_inside"] is not None and v["mass_inside"] < 0.9:
+            low_mass.append(cell)
+    return {
+        "cells": len(gaps),
+        "median_gap": statistics.median(gaps) if gaps else None,
+        "worst_gap": worst,
+        "below_local": below_local,
+        "mass_below_0.9": low_mass,
+        "diverged": div,
+    }
+
+
+def plot(table: dict, entries: list[str], path: Path) -> Path:
+    """Gap closed per cell (cells ordered by clients, then rounds), one bar per entry."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [c for c in load_cells() if c["id"] in table and counts(table, c["id"])]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cells) + 2), 4))
+    width = 0.8 / max(len(entries), 1)
+    for k, e in enumerate(entries):
+        xs, ys = [], []
+        for x, c in enumerate(cells):
+            v = table[c["id"]].get(e)
+            if v is not None and v["gap"] is not None:
+                xs.append(x + (k - (len(entries) - 1) / 2) * width)
+                ys.append(100 * max(v["gap"], -1.0))  # below -100 % drawn at -100
+        ax.bar(xs, ys, width, label=e)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhline(75, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(cells)), [c["id"] for c in cells], rotation=30, ha="right")
+    ax.set_ylabel("Local -> Oracle gap closed (%)")
+    ax.set_ylim(-100, 110)
+    ax.set_title("CoBo on the regime matrix (0 = Local, 100 = Oracle; dashed: 75 %)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+START, END = "<!-- regimes:start -->", "<!-- regimes:end -->"
+
+
+def write_block(path: Path, text: str) -> None:
+    """Put ``text`` between the regimes markers of ``path`` (appended if absent)."""
+    old = path.read_text() if path.is_file() else ""
+    block = f"{START}\n{text.rstrip()}\n{END}\n"
+    if START in old and END in old:
+        head, rest = old.split(START, 1)
+        new = head + block + rest.split(END, 1)[1].lstrip("\n")
+    else:
+        new = old.rstrip("\n") + "\n\n" + block
+    path.write_text(new)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "regimes")
+    ap.add_argument("--split", choices=["test", "validation"], default="test")
+    ap.add_argument("--entries", default="", help="columns (default: every CoBo entry)")
+    ap.add_argument("--write", type=Path, default=None, help="put the table in this file")
+    ap.add_argument("--plot", type=Path, default=None, help="the gap-closed plot (PNG)")
+    ap.add_argument("--intro", type=Path, default=None, help="text above the table")
+    args = ap.parse_args()
+    rows = read_results(args.out / args.split / "results.jsonl")
+    table = summarize(rows)
+    entries = (
+        args.entries.split(",")
+        if args.entries
+        else sorted({e for t in table.values() for e in t} - {"local", "oracle"})
+    )
+    lines = [markdown(table, entries), ""]
+    for e in entries:
+        v = verdict(table, e)
+        med = "-" if v["median_gap"] is None else f"{100 * v['median_gap']:.0f} %"
+        worst = "-" if v["worst_gap"] is None else f"{100 * v['worst_gap']:.0f} %"
+        lines.append(
+            f"- `{e}`: {v['cells']} cells with a gap, median closed {med}, worst {worst}; "
+            f"below Local: {', '.join(v['below_local']) or 'none'}; row mass inside < 0.9: "
+            f"{', '.join(v['mass_below_0.9']) or 'none'}; diverged: "
+            f"{', '.join(v['diverged']) or 'none'}"
+        )
+    text = "\n".join(lines)
+    print(text)
+    if args.plot:
+        print(f"wrote {plot(table, entries, args.plot)}")
+    if args.write:
+        intro = args.intro.read_text() if args.intro else ""
+        write_block(args.write, intro + "\n" + text + "\n")
+        print(f"wrote {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

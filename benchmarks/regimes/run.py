@@ -1,0 +1,223 @@
+"""CoBo's regime matrix: Local, Oracle and CoBo (the defaults and named candidates) on
+every cell of ``cells.yaml``, over seeds, on the cells' validation or test data.
+
+Usage: python benchmarks/regimes/run.py [--quick] [--cells ID,...] [--seeds 0,1,2]
+       [--split test|validation] [--candidates NAME,...] [--jobs N] [--out DIR]
+
+Results go to ``OUT/<split>/results.jsonl``, one line per run; a second call skips the
+runs already there (so an interrupted matrix resumes). ``report.py`` turns them into
+the table and plot of REGIMES.md. ``--split validation`` holds out 20 % of every
+client's training data and scores on it: that is where defaults are chosen; the test
+split is where they are reported. Candidates (``candidates.yaml``) are named sets of
+``algorithm.*`` overrides for CoBo, compared against the defaults (``cobo``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+VALIDATION = 0.2  # share of each client's training data held out with --split validation
+
+
+def load_cells() -> list[dict]:
+    return yaml.safe_load((HERE / "cells.yaml").read_text())["cells"]
+
+
+def load_candidates() -> dict[str, dict]:
+    path = HERE / "candidates.yaml"
+    if not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text()).get("candidates") or {}
+
+
+def cell_config(cell: dict, split: str, seed: int) -> dict:
+    """The cell's config as a mapping, for ``split`` and ``seed``, tracking off."""
+    cfg = json.loads(json.dumps(cell["config"]))  # deep copy of plain YAML data
+    cfg["seed"] = seed
+    cfg["tracking"] = {"enabled": False}
+    cfg["checkpoint"] = {"every": 0}
+    if split == "validation" and cfg["data"]["name"] != "quadratic":
+        cfg["data"]["validation_fraction"] = VALIDATION
+        cfg["data"]["evaluate_on"] = "validation"
+    return cfg
+
+
+def w_shares(summary: dict) -> dict:
+    """W at the end: mean within/across the true clusters and the share of each row's
+    mass inside its own cluster (the pull's view), averaged over rows."""
+    import numpy as np
+
+    W, clients = summary.get("collaboration"), summary.get("clients") or []
+    cl = [c.get("cluster") for c in clients]
+    if W is None or any(c is None for c in cl):
+        return {}
+    W = np.array(W, dtype=float)
+    cl = np.array(cl)
+    same = cl[:, None] == cl[None, :]
+    off = ~np.eye(len(cl), dtype=bool)
+    inside, outside = same & off, ~same
+    mass = (W * off).sum(1)
+    share = np.where(mass > 0, (W * inside).sum(1) / np.maximum(mass, 1e-12), np.nan)
+    return {
+        "w_within": float(W[inside].mean()) if inside.any() else None,
+        "w_across": float(W[outside].mean()) if outside.any() else None,
+        "mass_inside": float(np.nanmean(share)) if np.isfinite(share).any() else None,
+    }
+
+
+def run_one(job: dict) -> dict:
+    """One run (in a worker process); -> its result line."""
+    import math
+
+    from raycobo import api
+
+    cfg = cell_config(job["cell"], job["split"], job["seed"])
+    over = {"algorithm__name": job["method"]}
+    over.update({f"algorithm__{k}": v for k, v in job["overrides"].items()})
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="regime-") as out:
+        try:
+            api.run(cfg, out=Path(out) / "run", track=False, **over)
+        except Exception as err:  # a diverged or failed run is a result of the matrix
+            summary = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+        else:
+            summary = json.loads((Path(out) / "run" / "summary.json").read_text())
+    loss, acc = summary.get("mean_loss"), summary.get("mean_accuracy")
+    diverged = summary.get("status") != "completed" or loss is None or not math.isfinite(loss)
+    return {
+        "cell": job["cell"]["id"],
+        "entry": job["entry"],
+        "method": job["method"],
+        "overrides": job["overrides"],
+        "seed": job["seed"],
+        "split": job["split"],
+        "accuracy": acc,
+        "loss": loss,
+        "diverged": diverged,
+        "error": summary.get("error"),
+        "seconds": round(time.perf_counter() - t0, 1),
+        **w_shares(summary),
+    }
+
+
+def _worker(job: dict, threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    return run_one(job)
+
+
+def plan_jobs(cells, entries: dict[str, tuple[str, dict]], seeds, split, done) -> list[dict]:
+    jobs = []
+    for cell in sorted(cells, key=lambda c: -c.get("minutes", 1)):
+        for entry, (method, overrides) in entries.items():
+            for seed in seeds:
+                if (cell["id"], entry, seed, split) in done:
+                    continue
+                jobs.append(
+                    dict(
+                        cell=cell,
+                        entry=entry,
+                        method=method,
+                        overrides=overrides,
+                        seed=seed,
+                        split=split,
+                    )
+                )
+    return jobs
+
+
+def read_results(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def execute(jobs: list[dict], results: Path, n_jobs: int) -> None:
+    threads = max(1, (os.cpu_count() or 1) // n_jobs)
+    with (
+        results.open("a") as f,
+        ProcessPoolExecutor(n_jobs, mp_context=get_context("spawn")) as pool,
+    ):
+        futures = [pool.submit(_worker, j, threads) for j in jobs]
+        for k, fut in enumerate(futures, 1):
+            row = fut.result()
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            shown = (
+                "diverged"
+                if row["diverged"]
+                else (
+                    f"acc {100 * row['accuracy']:.2f}"
+                    if row["accuracy"] is not None
+                    else f"loss {row['loss']:.4g}"
+                )
+            )
+            print(
+                f"[{k}/{len(jobs)}] {row['cell']} {row['entry']} seed {row['seed']}: "
+                f"{shown} ({row['seconds']:.0f} s)",
+                flush=True,
+            )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="the cells marked quick, seed 0")
+    ap.add_argument("--cells", default="")
+    ap.add_argument("--seeds", default=None)
+    ap.add_argument("--split", choices=["test", "validation"], default="test")
+    ap.add_argument("--candidates", default="", help="named CoBo variants to add")
+    ap.add_argument("--no-baselines", action="store_true", help="skip Local and Oracle")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "regimes")
+    args = ap.parse_args()
+    cells = load_cells()
+    if args.cells:
+        wanted = set(args.cells.split(","))
+        unknown = wanted - {c["id"] for c in cells}
+        if unknown:
+            print(f"error: --cells: no cell {sorted(unknown)[0]}", file=sys.stderr)
+            return 2
+        cells = [c for c in cells if c["id"] in wanted]
+    elif args.quick:
+        cells = [c for c in cells if c.get("quick")]
+    seeds = (
+        [int(s) for s in args.seeds.split(",")]
+        if args.seeds
+        else ([0] if args.quick else [0, 1, 2])
+    )
+    known = load_candidates()
+    entries: dict[str, tuple[str, dict]] = {}
+    if not args.no_baselines:
+        entries = {"local": ("local", {}), "oracle": ("oracle", {})}
+    entries["cobo"] = ("cobo", {})
+    for name in filter(None, args.candidates.split(",")):
+        if name not in known:
+            print(f"error: --candidates: no candidate {name} in candidates.yaml", file=sys.stderr)
+            return 2
+        entries[name] = ("cobo", known[name])
+    out = args.out / args.split
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    done = {(r["cell"], r["entry"], r["seed"], r["split"]) for r in read_results(results)}
+    jobs = plan_jobs(cells, entries, seeds, args.split, done)
+    print(f"{len(jobs)} runs ({len(done)} already in {results})", flush=True)
+    execute(jobs, results, args.jobs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
