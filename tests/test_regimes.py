@@ -5,16 +5,26 @@ cluster (the earlier defaults lost to Local on both cells)."""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks" / "regimes"))
 
-import report  # noqa: E402
-import run as regimes  # noqa: E402
+
+def _load(name: str):
+    """The suite's modules by path: benchmarks/fidelity has a run.py and a report.py too."""
+    spec = importlib.util.spec_from_file_location(
+        f"regimes_{name}", REPO / "benchmarks" / "regimes" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _load("report")
+regimes = report.sibling("run")
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +42,7 @@ def test_cobo_defaults_beat_local_with_the_clusters_found(rows):
     for cell in ("quad-2to10", "digits-8-r400"):
         cobo = table[cell]["cobo"]
         assert not cobo["diverged"]
-        assert cobo["gap"] > 0.3, (cell, cobo)  # measured: 0.4 - 0.9 of the gap
+        assert cobo["gap"] > 0.3, (cell, cobo)  # seed 0 measured: 0.60 and 0.83
         assert cobo["mass_inside"] > 0.9, (cell, cobo)
 
 

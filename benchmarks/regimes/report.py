@@ -20,8 +20,21 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-from run import load_cells, read_results  # noqa: E402
+
+
+def sibling(name: str):
+    """benchmarks/regimes/<name>.py as a module of its own name (the fidelity suite has a
+    run.py too: both are imported in one test session)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"regimes_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_run = sibling("run")
+load_cells, read_results = _run.load_cells, _run.read_results
 
 MIN_GAP = {"accuracy": 0.03, "loss": 0.0}  # cells where Oracle - Local >= 3 points count
 

@@ -215,13 +215,24 @@ def test_an_unstable_explicit_rho_is_refused(quad_cfg):
     from raycobo.config import ConfigError
     from raycobo.engine import open_session
 
-    cfg = quad_cfg("data.partition.clients_per_cluster=20", "algorithm.rho=0.3")  # n = 80
+    # n = 80; the summed pull of Algorithm 1 (rule paper) has the lr rho n < 2 bound
+    cfg = quad_cfg(
+        "data.partition.clients_per_cluster=20", "algorithm.rule=paper", "algorithm.rho=0.3"
+    )
     session, _ = open_session(cfg)
     with pytest.raises(ConfigError, match=r"'algorithm.rho'.*algorithm.lr \* algorithm.rho \* n"):
         session.start()
     ok = with_overrides(cfg, {"algorithm.rho": "auto"})
     session, _ = open_session(ok)
     assert session.algorithm.penalty(80) == pytest.approx(0.4 / (0.1 * 80))
+    # the default rule's mean pull: lr rho is the share of the way to the collaborators'
+    # mean, refused at >= 1 whatever n
+    mean = quad_cfg("data.partition.clients_per_cluster=20", "algorithm.rho=10")
+    session, _ = open_session(mean)
+    with pytest.raises(ConfigError, match=r"'algorithm.rho'.*>= 1 overshoots"):
+        session.start()
+    session, _ = open_session(with_overrides(mean, {"algorithm.rho": "auto"}))
+    assert session.algorithm.penalty(80) == pytest.approx(0.2 / 0.1)
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])

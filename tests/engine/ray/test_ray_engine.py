@@ -322,8 +322,7 @@ def test_resident_steps_read_only_the_models_they_weigh(ray_2_cpus_2_fake_gpus, 
         "algorithm.sampling_c=8",  # p = 1 for the first quarter of the rounds
         "algorithm.mixed_switch=0.25",
         "algorithm.time_c=1",
-        "algorithm.gamma=0.1",  # W's step: the pairs across clusters reach 0 in 10 rounds
-        "engine.kind=ray",
+        "engine.kind=ray",  # the default rule: cosine score, decaying step, mean pull
         "engine.clients_per_actor=2",
         "engine.cpus_per_actor=0.25",
         "engine.resident=true",
