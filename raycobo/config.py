@@ -11,13 +11,20 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from raycobo.algorithms import METHODS, check_method_keys, method, methods_with
 from raycobo.algorithms.cobo import CoBoConfig
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.registry import add_search_paths
-from raycobo.settings import ConfigError, choose  # noqa: F401 - re-exported
+from raycobo.settings import ConfigError, choose, did_you_mean  # noqa: F401 - re-exported
 from raycobo.settings import Section as _Section
 
 DEFAULT_FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -276,6 +283,19 @@ class Config(_Section):
 # loading and overrides
 
 
+def _section_keys(path: list) -> list[str]:
+    """The keys of the config section at ``path`` (names only; [] where a path element
+    is not a section, e.g. the algorithm union, checked by the method's own settings)."""
+    cls: Any = Config
+    for part in path:
+        field = cls.model_fields.get(str(part)) if isinstance(cls, type) else None
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        cls = ann
+    return list(cls.model_fields)
+
+
 def _format_error(err: ValidationError, prefix: list[str] | None = None) -> str:
     first = err.errors()[0]
     path = [*(prefix or []), *first["loc"]]
@@ -283,7 +303,7 @@ def _format_error(err: ValidationError, prefix: list[str] | None = None) -> str:
     loc = ".".join(str(p) for p in path if not any(c in str(p) for c in "-['("))
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
-        return f"unknown config key '{loc}'"
+        return f"unknown config key '{loc}'" + did_you_mean(loc, _section_keys(path[:-1]))
     if msg.startswith("Value error, "):
         # section validators start their message with the field they reject
         field, _, rest = msg[len("Value error, ") :].partition(":")

@@ -20,6 +20,15 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+def did_you_mean(key: str, known: list[str]) -> str:
+    """'; did you mean 'a.b'?' for a misspelled last part of a dotted key (or '')."""
+    import difflib
+
+    head, _, last = key.rpartition(".")
+    close = difflib.get_close_matches(last, known, n=1, cutoff=0.7)
+    return f"; did you mean '{head + '.' if head else ''}{close[0]}'?" if close else ""
+
+
 def choose(
     registry: dict[str, Any], name: str, key: str, what: str, known: list[str] | None = None
 ):

@@ -33,7 +33,7 @@ from raycobo.algorithms.settings import MethodConfig
 from raycobo.algorithms.topk_ef import TopKConfig, TopKEF
 from raycobo.algorithms.validation import ValidationBased, ValidationConfig
 from raycobo.registry import Registry
-from raycobo.settings import ConfigError
+from raycobo.settings import ConfigError, did_you_mean
 
 
 class Method(NamedTuple):
@@ -115,7 +115,8 @@ def check_method_keys(section: dict[str, Any]) -> type[MethodConfig]:
             continue
         owners = methods_with(key)
         if not owners:
-            raise ConfigError(f"unknown config key 'algorithm.{key}'")
+            hint = did_you_mean(f"algorithm.{key}", list(settings.model_fields))
+            raise ConfigError(f"unknown config key 'algorithm.{key}'{hint}")
         raise ConfigError(
             f"invalid config key 'algorithm.{key}': {name} has no setting '{key}' "
             f"(it is a setting of {', '.join(owners)})"

@@ -382,3 +382,17 @@ def test_the_api_takes_a_method_name_as_a_string(tmp_path):
     assert [r["algorithm"] for r in cmp.rows] == ["local"]
     with pytest.raises(ConfigError, match="seed 0 given twice"):
         raycobo.compare(quad("rounds=4"), ["local"], seeds=[0, 0], out=tmp_path / "d")
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("algorithm.gama=1", "algorithm.gamma"),
+        ("data.fractoin=0.1", "data.fraction"),
+        ("data.partition.kindd=shards", "data.partition.kind"),
+        ("roundz=3", "rounds"),
+    ],
+)
+def test_a_misspelled_key_gets_a_did_you_mean(key, hint):
+    with pytest.raises(ConfigError, match=f"did you mean '{hint}'"):
+        load_config(None, [key])
