@@ -161,11 +161,10 @@ class CoBoConfig(MethodConfig):
         return out
 
 
-def _switch(value) -> tuple[float, float | None]:
+def _switch(value: float | SwitchAfter) -> tuple[float, float | None]:
     """mixed_switch as EdgeSampler's (share of rounds, samples) arguments."""
-    if isinstance(value, SwitchAfter | dict):
-        samples = value.samples if isinstance(value, SwitchAfter) else value["samples"]
-        return 0.0, float(samples)
+    if isinstance(value, SwitchAfter):
+        return 0.0, float(value.samples)
     return float(value), None
 
 
