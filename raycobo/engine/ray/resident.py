@@ -99,9 +99,6 @@ class ResidentRounds:
         )
         self.blocks = [h.res_block.remote() for h in ops.hosts]  # x^0 published
 
-    def _present(self) -> int:
-        return self.ops.n_clients if self.active is None else int(self.active.sum())
-
     def restore(self, tree: dict[str, Any]) -> None:
         res = tree["resident"]
         self.ahead = None
@@ -316,7 +313,7 @@ class ResidentRounds:
         hyper = (
             c.lr,
             rho,
-            algo.gamma_at(t, self._present()),
+            algo.gamma_at(t, algo.present(self._state())),
             c.domain,
             c.alignment,
             c.pull,
@@ -351,7 +348,7 @@ class ResidentRounds:
         for h, (sc, *_rest) in zip(hosts, results, strict=True):
             scores[hi == h] = torch.tensor(np.asarray(sc, dtype=np.float32))
         if E:
-            gamma = self.algo.gamma_at(p.t, self._present())
+            gamma = self.algo.gamma_at(p.t, self.algo.present(self._state()))
             self.W = update_weights(self.W, p.edges, scores, gamma, c.domain)  # Eq. (1)
         loss = torch.cat([torch.tensor(np.asarray(r[1])) for r in results])
         p1, p2 = max(r[2] for r in results), max(r[3] for r in results)
