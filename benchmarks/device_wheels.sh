@@ -23,14 +23,23 @@ get "pydantic==2.12.*"  # with the pydantic-core it pins
 get --no-deps "ray==2.60.*" jsonschema jsonschema-specifications referencing rpds-py
 # airbench is not on every index (this one lacks it): the anchor is skipped without it
 get --no-deps airbench || echo "airbench: not found, its anchor will be skipped"
-# slim Ray: no Java, no dashboard web build
+# slim Ray: no Java, no dashboard web build. The entries are copied with their zip headers
+# so that the executables (gcs_server, raylet) keep their mode bits: `zipfile -c` drops
+# them, and Ray then fails at start with "Permission denied: .../gcs_server".
 ray=$(ls .whl/ray-*.whl)
-tmp=$(mktemp -d)
-(cd "$tmp" && python3 -m zipfile -e "$OLDPWD/$ray" .)
-rm -rf "$tmp"/ray/jars "$tmp"/ray/dashboard/client/build
-rm "$ray"
-(cd "$tmp" && python3 -m zipfile -c "$OLDPWD/$ray" ./*)
-rm -rf "$tmp"
+python3 - "$ray" <<'PYEOF'
+import os, sys, zipfile
+src = sys.argv[1]
+dropped = ("ray/jars/", "ray/dashboard/client/build/")
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(src + ".slim", "w", zipfile.ZIP_DEFLATED) as zout:
+    for info in zin.infolist():
+        if not info.filename.startswith(dropped):
+            zout.writestr(info, zin.read(info), compress_type=zipfile.ZIP_DEFLATED)
+os.replace(src + ".slim", src)
+PYEOF
+python3 -c "import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1]); i = z.getinfo('ray/core/src/ray/gcs/gcs_server')
+assert (i.external_attr >> 16) & 0o111, 'gcs_server lost its executable bit'" "$ray"
 
 
 # A slice of Fashion-MNIST in its own idx format (the first 6,000 training and 1,000 test

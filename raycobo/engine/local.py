@@ -123,9 +123,12 @@ class _SupervisedBase:
         self.test_idx = [t.to(self.device) for t in data.test_idx]
         self.test_y = [t.to(self.device) for t in data.test_y]
         self.bf16 = execution.precision == "bf16"
-        if execution.precision == "tf32":  # tensor cores for matmuls and convolutions
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        # TF32 tensor cores for matmuls and convolutions with tf32 only. Set both ways, since
+        # the switches are process-wide: PyTorch's own default runs convolutions in TF32,
+        # so "fp32" would not be fp32 on a GPU, and a tf32 run would leak into the next.
+        tf32 = execution.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
 
     def autocast(self):
         """bf16 autocast (engine.precision=bf16): the passes in bfloat16, parameters,

