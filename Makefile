@@ -54,8 +54,8 @@ cluster-test: install
 	$(PY) -m pytest -q -s tests/cluster/test_ray_up.py
 
 lint: install
-	$(VENV)/bin/ruff check raycobo tests benchmarks
-	$(VENV)/bin/ruff format --check raycobo tests benchmarks
+	$(VENV)/bin/ruff check raycobo tests benchmarks examples
+	$(VENV)/bin/ruff format --check raycobo tests benchmarks examples
 
 bench: install
 	$(VENV)/bin/raycobo bench engine

@@ -1,7 +1,9 @@
 """Run a raycobo command on the Ray cluster this script is submitted to.
 
-    ray submit cluster/cluster.yaml examples/cluster_launch.py -- sweep tune_spaces/cobo_cross_silo.yaml
-    ray submit cluster/cluster.yaml examples/cluster_launch.py -- compare examples/cross_device_cifar100.yaml
+    ray submit cluster/cluster.yaml examples/cluster_launch.py -- \
+        sweep tune_spaces/cobo_cross_silo.yaml
+    ray submit cluster/cluster.yaml examples/cluster_launch.py -- \
+        compare examples/cross_device_cifar100.yaml
     ray job submit --address http://HEAD:8265 --working-dir . -- \
         python examples/cluster_launch.py run examples/scaling_study.yaml
 
