@@ -95,15 +95,21 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag} must be comma-separated integers, got '{text}'") from None
 
 
-def _help_config(name: str | None) -> None:
-    """``run --help-config NAME``: the method's settings, defaults and meaning."""
-    if name is None:
-        return
+def _help_config(name: str, config: str | None) -> None:
+    """``run [CONFIG] --help-config NAME``: the method's settings, defaults and meaning;
+    a plugin is looked up in CONFIG's plugin_paths too."""
     from rich.console import Console
     from rich.table import Table
 
     from raycobo.algorithms import method
+    from raycobo.config import read_config_tree
+    from raycobo.registry import add_search_paths
 
+    try:
+        if config is not None and "=" not in config:
+            add_search_paths(read_config_tree(config).get("plugin_paths") or [])
+    except ConfigError as err:
+        _fail(str(err))
     try:
         settings = method(name).settings
     except ConfigError as err:
@@ -143,15 +149,16 @@ def run(
         str | None,
         typer.Option(
             "--help-config",
-            help="list the settings (algorithm.<key>) of this method with their defaults, "
-            "then exit",
-            callback=lambda name: _help_config(name),
-            is_eager=True,
+            help="list the settings (algorithm.<key>) of this method with their defaults "
+            "(a plugin: also from CONFIG's plugin_paths), then exit",
             show_default=False,
         ),
     ] = None,
 ) -> None:
     """Run one experiment and write its run directory, or continue one (--resume)."""
+
+    if help_config is not None:
+        return _help_config(help_config, config)
 
     def go():
         from raycobo import api

@@ -389,6 +389,12 @@ def _set_all(tree: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, An
     ``algorithm.name=ditto`` on a CoBo config keep only what the methods share."""
     given = {k for k, _ in pairs}
     new = next((v for k, v in reversed(pairs) if k == "algorithm.name"), None)
+    # a plugin named here is looked up now: the config's plugin_paths (or one set in
+    # these overrides) must be searched already
+    paths = next((v for k, v in reversed(pairs) if k == "plugin_paths"), None)
+    paths = tree.get("plugin_paths") if paths is None else paths
+    if isinstance(paths, list):
+        add_search_paths([str(p) for p in paths])
     section = tree.get("algorithm")
     switch = isinstance(section, dict) and section.get("name", "cobo") != new
     if isinstance(new, str) and switch:

@@ -45,6 +45,12 @@ def add_search_paths(paths: list[str] | tuple[str, ...] = ()) -> None:
 def import_object(name: str, key: str) -> Any:
     """``module:attr`` imported, or a ConfigError naming ``key``."""
     module, _, attr = name.partition(":")
+    if module.endswith(".py") or "/" in module or "\\" in module:
+        folder, stem = Path(module).parent, Path(module).stem
+        raise ConfigError(
+            f"invalid config key '{key}': '{name}' is a file path, not an import path: "
+            f"name the module ('{stem}:{attr}') and put its folder ('{folder}') in plugin_paths"
+        )
     add_search_paths()
     try:
         mod = importlib.import_module(module)

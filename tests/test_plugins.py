@@ -230,6 +230,41 @@ def test_bad_plugins_stop_with_one_line_and_exit_2(tmp_path, plugins, override, 
     assert needle in line, line
 
 
+def test_a_plugin_named_on_the_command_line_is_found_in_the_configs_plugin_paths(tmp_path):
+    """plugin_paths in the YAML, the method on the command line (run and --help-config);
+    a file path where an import path belongs is one line saying what to write instead."""
+    folder = tmp_path / "plug"
+    folder.mkdir()
+    shutil.copy(FEDPROX, folder / "cmdline_prox.py")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: p\nplugin_paths: [plug]\nalgorithm: {name: cobo, lr: 0.1}\n")
+    try:  # (each case in a fresh folder: a folder once searched stays on sys.path)
+        args = [*DIGITS, "rounds=2", "algorithm.name=cmdline_prox:FedProx", "-q"]
+        ran = CliRunner().invoke(app, ["run", str(cfg), *args, "--out", str(tmp_path / "o")])
+        assert ran.exit_code == 0, ran.output
+        assert json.loads((tmp_path / "o" / "summary.json").read_text())["algorithm"] == (
+            "cmdline_prox:FedProx"
+        )
+        other = tmp_path / "other"
+        (other / "plug").mkdir(parents=True)
+        shutil.copy(FEDPROX, other / "plug" / "helped_prox.py")
+        (other / "c.yaml").write_text("name: p\nplugin_paths: [plug]\n")
+        helped = CliRunner().invoke(
+            app, ["run", str(other / "c.yaml"), "--help-config", "helped_prox:FedProx"]
+        )
+        assert helped.exit_code == 0, helped.output
+        assert "algorithm.mu" in helped.output
+    finally:
+        sys.modules.pop("helped_prox", None)
+        sys.modules.pop("cmdline_prox", None)
+    bad = CliRunner().invoke(
+        app, ["run", str(cfg), *DIGITS, "algorithm.name=plug/cmdline_prox.py:FedProx", "-q"]
+    )
+    assert bad.exit_code == 2
+    (line,) = bad.stderr.strip().splitlines()
+    assert "is a file path" in line and "'cmdline_prox:FedProx'" in line, line
+
+
 def _install_entry_point(site: Path, plugins: Path) -> None:
     """An installed distribution as importlib.metadata sees one: its module and a
     .dist-info with entry points (what `pip install` writes into site-packages)."""
