@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     SerializeAsAny,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -72,6 +73,12 @@ class DataConfig(_Section):
     root: str | None = None
     path: str | None = Field(default=None, description="arrays: a .npz/.pt file or a folder")
     image_size: int | None = Field(default=None, ge=1, description="image_folder: resize to")
+    num_classes: int | None = Field(
+        default=None,
+        ge=2,
+        description="arrays: the class count C (labels 0..C-1); null: the largest label + 1, "
+        "at most 10,000",
+    )
     # settings of a plugin data set, handed to its loader as they are
     options: dict[str, Any] = Field(default_factory=dict)
     download: bool = False
@@ -111,6 +118,14 @@ class DataConfig(_Section):
         if not (0 < lo <= hi):
             raise ValueError("curvature: need 0 < low <= high")
         return self
+
+    @field_validator("num_classes")
+    @classmethod
+    def _only_arrays(cls, value: int | None, info: ValidationInfo) -> int | None:
+        name = info.data.get("name")
+        if value is not None and name != "arrays":
+            raise ValueError(f"applies to data.name=arrays, not {name}")
+        return value
 
 
 class ModelConfig(_Section):

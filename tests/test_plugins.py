@@ -421,3 +421,30 @@ def test_bad_data_files_are_one_line(tmp_path):
             load_data(load_config(None, ["data.name=arrays", f"data.path={path}"]))
     with pytest.raises(ConfigError, match="data.path': fashion_mnist does not read it"):
         load_data(load_config(None, ["data.name=fashion_mnist", f"data.path={tmp_path}"]))
+
+
+def test_labels_are_checked_against_a_class_count_before_a_model_is_built(tmp_path):
+    """One label of 10^9 made the output layer 10^9 wide (an 8 GB allocation): it stops
+    at load naming the file, exit 2; data.num_classes declares C and is checked."""
+    from raycobo.data import load_data
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 5)).astype(np.float32)
+    y = np.arange(40) % 4
+    huge = y.copy()
+    huge[3] = 10**9
+    np.savez(tmp_path / "huge.npz", x=x, y=huge)
+    np.savez(tmp_path / "fine.npz", x=x, y=y)
+    args = ["run", str(tmp_path / "c.yaml"), "data.name=arrays", "rounds=2", "-q"]
+    (tmp_path / "c.yaml").write_text(f"name: labels\ndata: {{path: {tmp_path / 'huge.npz'}}}\n")
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2
+    (line,) = res.stderr.strip().splitlines()
+    assert "huge.npz" in line and "largest label is 1000000000" in line, line
+    fine = ["data.name=arrays", f"data.path={tmp_path / 'fine.npz'}"]
+    assert load_data(load_config(None, fine)).num_classes == 4
+    assert load_data(load_config(None, [*fine, "data.num_classes=6"])).num_classes == 6
+    with pytest.raises(ConfigError, match=r"label 3 is out of range for data.num_classes = 3"):
+        load_data(load_config(None, [*fine, "data.num_classes=3"]))
+    with pytest.raises(ConfigError, match="data.num_classes.: applies to data.name=arrays"):
+        load_config(None, ["data.name=digits", "data.num_classes=10"])

@@ -75,8 +75,28 @@ def _split(x: torch.Tensor, y: torch.Tensor, share: float, seed: int):
     return x[tr], y[tr], x[te], y[te]
 
 
-def _classes(*labels: torch.Tensor) -> int:
-    return int(max(int(y.max()) for y in labels if y.numel())) + 1
+# without data.num_classes, the class count is the largest label + 1, up to this: a label
+# of 10^9 would otherwise make the output layer 10^9 wide (gigabytes) before anything ran
+MAX_INFERRED_CLASSES = 10_000
+
+
+def _classes(where: Path, declared: int | None, *labels: torch.Tensor) -> int:
+    """C: ``declared`` (data.num_classes), checked against the labels, or the largest
+    label + 1 within MAX_INFERRED_CLASSES."""
+    top = max((int(y.max()) for y in labels if y.numel()), default=0)
+    if declared is not None:
+        if top >= declared:
+            raise ConfigError(
+                f"{where} (data.path): label {top} is out of range for data.num_classes = "
+                f"{declared} (labels 0..{declared - 1})"
+            )
+        return declared
+    if top + 1 > MAX_INFERRED_CLASSES:
+        raise ConfigError(
+            f"{where} (data.path): the largest label is {top}, so {top + 1:,} classes: "
+            f"relabel to 0..C-1, or declare data.num_classes (above {MAX_INFERRED_CLASSES:,})"
+        )
+    return top + 1
 
 
 def load_arrays(cfg: DataConfig, seed: int) -> RawDataset | FederatedData:
@@ -95,7 +115,7 @@ def load_arrays(cfg: DataConfig, seed: int) -> RawDataset | FederatedData:
         xt, yt = _xy(arrays, "x_test", "y_test", path)
     else:
         x, y, xt, yt = _split(*_xy(arrays, "x", "y", path), cfg.partition.test_split, seed)
-    return RawDataset(path.stem, x, y, xt, yt, _classes(y, yt))
+    return RawDataset(path.stem, x, y, xt, yt, _classes(path, cfg.num_classes, y, yt))
 
 
 def _client_files(folder: Path, cfg: DataConfig, seed: int) -> FederatedData:
@@ -123,10 +143,12 @@ def _client_files(folder: Path, cfg: DataConfig, seed: int) -> FederatedData:
         clusters.append(int(cluster) if cluster is not None else None)
     if len({p[0].shape[1:] for p in parts}) > 1:
         raise ConfigError(f"invalid config key 'data.path': the files in {folder} differ in shape")
-    return _pooled(folder.name, parts, clusters)
+    return _pooled(folder, parts, clusters, cfg.num_classes)
 
 
-def _pooled(name: str, parts: list, clusters: list[int | None]) -> FederatedData:
+def _pooled(
+    folder: Path, parts: list, clusters: list[int | None], num_classes: int | None
+) -> FederatedData:
     """Per-client (x, y, x_test, y_test) in one feature pool with index views."""
     train_idx, test_idx, a, b = [], [], 0, 0
     for x, _, xt, _ in parts:
@@ -136,7 +158,7 @@ def _pooled(name: str, parts: list, clusters: list[int | None]) -> FederatedData
     if any(c is None for c in clusters):
         clusters = [None] * len(parts)
     return FederatedData(
-        name,
+        folder.name,
         torch.cat([p[0] for p in parts]),
         torch.cat([p[2] for p in parts]),
         train_idx,
@@ -144,7 +166,7 @@ def _pooled(name: str, parts: list, clusters: list[int | None]) -> FederatedData
         test_idx,
         [p[3] for p in parts],
         clusters,
-        _classes(*[p[1] for p in parts], *[p[3] for p in parts]),
+        _classes(folder, num_classes, *[p[1] for p in parts], *[p[3] for p in parts]),
     )
 
 
