@@ -448,3 +448,51 @@ def test_labels_are_checked_against_a_class_count_before_a_model_is_built(tmp_pa
         load_data(load_config(None, [*fine, "data.num_classes=3"]))
     with pytest.raises(ConfigError, match="data.num_classes.: applies to data.name=arrays"):
         load_config(None, ["data.name=digits", "data.num_classes=10"])
+
+
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [
+        ("nan", "features 'x' hold NaN or infinite values"),
+        ("strings", "features 'x' are <U"),
+        ("width", "'x' rows are (5,), 'x_test' rows (4,)"),
+        ("empty", "'x' holds no rows"),
+        ("cluster", "'cluster' must be one integer"),
+    ],
+)
+def test_bad_arrays_stop_at_load_naming_the_file(tmp_path, case, needle):
+    """NaN or string features, train/test widths that differ, an empty client file and a
+    non-scalar cluster failed mid-run (exit 1): now exit 2 at load, before any round, the
+    file named."""
+    folder = tmp_path / "clients"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for c in range(3):
+        arrays = {
+            "x": rng.normal(size=(12, 5)).astype(np.float32),
+            "y": np.arange(12) % 3,
+            "x_test": rng.normal(size=(6, 5)).astype(np.float32),
+            "y_test": np.arange(6) % 3,
+            "cluster": np.int64(c % 2),
+        }
+        if c == 1:
+            if case == "nan":
+                arrays["x"][3, 2] = np.nan
+            elif case == "strings":
+                arrays["x"] = np.array([["a"] * 5] * 12)
+            elif case == "width":
+                arrays["x_test"] = arrays["x_test"][:, :4]
+            elif case == "empty":
+                arrays = {k: v[:0] if k in ("x", "y") else v for k, v in arrays.items()}
+            elif case == "cluster":
+                arrays["cluster"] = np.array([0, 1])
+        np.savez(folder / f"client{c}.npz", **arrays)
+    out = tmp_path / "o"
+    (tmp_path / "c.yaml").write_text(f"name: a\ndata: {{name: arrays, path: {folder}}}\n")
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "c.yaml"), "-q", "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.strip().splitlines()
+    assert "client1.npz" in line and needle in line, line
+    summary = json.loads((out / "summary.json").read_text())  # recorded before any round
+    assert summary["status"] == "failed" and summary["last_round"] == 0
+    assert needle in summary["error"]

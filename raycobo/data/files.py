@@ -57,6 +57,12 @@ def _xy(arrays: dict[str, np.ndarray], x: str, y: str, path: Path):
         have = ", ".join(arrays) or "none"
         raise ConfigError(f"{path} (data.path) needs arrays '{x}' and '{y}' (it has {have})")
     xs, ys = arrays[x], arrays[y]
+    if xs.ndim == 0 or xs.shape[0] == 0:
+        raise ConfigError(f"{path} (data.path): '{x}' holds no rows")
+    if not (np.issubdtype(xs.dtype, np.number) or xs.dtype == np.bool_):
+        raise ConfigError(f"{path} (data.path): features '{x}' are {xs.dtype}, not numbers")
+    if not np.isfinite(xs).all():
+        raise ConfigError(f"{path} (data.path): features '{x}' hold NaN or infinite values")
     if xs.shape[0] != ys.shape[0] or ys.ndim != 1:
         raise ConfigError(
             f"{path} (data.path): '{x}' has {xs.shape[0]} rows but '{y}' has shape {ys.shape}"
@@ -64,6 +70,14 @@ def _xy(arrays: dict[str, np.ndarray], x: str, y: str, path: Path):
     if not np.issubdtype(ys.dtype, np.integer) or (ys.size and ys.min() < 0):
         raise ConfigError(f"{path} (data.path): labels '{y}' must be integers 0..C-1")
     return torch.from_numpy(xs.astype(np.float32)), torch.from_numpy(ys.astype(np.int64))
+
+
+def _same_shape(path: Path, x: torch.Tensor, xt: torch.Tensor, a: str, b: str) -> None:
+    if x.shape[1:] != xt.shape[1:]:
+        raise ConfigError(
+            f"{path} (data.path): '{a}' rows are {tuple(x.shape[1:])}, '{b}' rows "
+            f"{tuple(xt.shape[1:])}"
+        )
 
 
 def _split(x: torch.Tensor, y: torch.Tensor, share: float, seed: int):
@@ -113,6 +127,7 @@ def load_arrays(cfg: DataConfig, seed: int) -> RawDataset | FederatedData:
     if "x_train" in arrays:
         x, y = _xy(arrays, "x_train", "y_train", path)
         xt, yt = _xy(arrays, "x_test", "y_test", path)
+        _same_shape(path, x, xt, "x_train", "x_test")
     else:
         x, y, xt, yt = _split(*_xy(arrays, "x", "y", path), cfg.partition.test_split, seed)
     return RawDataset(path.stem, x, y, xt, yt, _classes(path, cfg.num_classes, y, yt))
@@ -137,9 +152,19 @@ def _client_files(folder: Path, cfg: DataConfig, seed: int) -> FederatedData:
         x, y = _xy(arrays, "x", "y", f)
         if "x_test" in arrays:
             parts.append((x, y, *_xy(arrays, "x_test", "y_test", f)))
+            _same_shape(f, x, parts[-1][2], "x", "x_test")
         else:
+            if len(x) < 2:
+                raise ConfigError(f"{f} (data.path): one row cannot be split into train and test")
             parts.append(_split(x, y, cfg.partition.test_split, seed * 100_003 + c))
         cluster = arrays.get("cluster")
+        if cluster is not None and (
+            cluster.ndim != 0 or not np.issubdtype(cluster.dtype, np.integer)
+        ):
+            raise ConfigError(
+                f"{f} (data.path): 'cluster' must be one integer, got {cluster.dtype} of shape "
+                f"{cluster.shape}"
+            )
         clusters.append(int(cluster) if cluster is not None else None)
     if len({p[0].shape[1:] for p in parts}) > 1:
         raise ConfigError(f"invalid config key 'data.path': the files in {folder} differ in shape")

@@ -36,10 +36,15 @@ def read_idx(path: Path) -> np.ndarray:
     dtype_code, ndim = data[2], data[3]
     if dtype_code != 0x08:
         raise ConfigError(f"unsupported IDX element type 0x{dtype_code:02x} in {path}")
+    if not 1 <= ndim <= 4 or len(data) < 4 + 4 * ndim:
+        raise ConfigError(f"damaged IDX header in {path}: {ndim} dimensions (data.root)")
     dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if arr.size != int(np.prod(dims)):
-        raise ConfigError(f"truncated IDX file: {path}")
+        raise ConfigError(
+            f"truncated IDX file: {path} holds {arr.size:,} values, its header says "
+            f"{' x '.join(map(str, dims))} (data.root)"
+        )
     return arr.reshape(dims)
 
 
@@ -70,7 +75,17 @@ def load_fashion_mnist(cfg: DataConfig) -> RawDataset:
                 f"Fashion-MNIST file {stem}[.gz] not found under {root} (data.root): "
                 "install Debian's dataset-fashion-mnist, or set data.download=true"
             )
-        arrays[key] = read_idx(path)
+        arrays[key] = (path, read_idx(path))
+    for split in ("train", "test"):  # images and labels agree, labels are 0..9
+        (px, x), (py, y) = arrays[f"{split}_x"], arrays[f"{split}_y"]
+        if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
+            raise ConfigError(
+                f"Fashion-MNIST files disagree (data.root): {px} holds {x.shape} images, "
+                f"{py} {y.shape} labels"
+            )
+        if y.size and int(y.max()) > 9:
+            raise ConfigError(f"{py} (data.root): label {int(y.max())}, Fashion-MNIST has 0..9")
+    arrays = {k: a for k, (_, a) in arrays.items()}
 
     def images(a: np.ndarray) -> torch.Tensor:
         x = torch.from_numpy(a.astype(np.float32) / 255.0).unsqueeze(1)  # (N, 1, 28, 28)

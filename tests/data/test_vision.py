@@ -45,6 +45,32 @@ def test_read_idx_roundtrip(tmp_path):
         read_idx(tmp_path / "bad")
 
 
+def test_damaged_fashion_mnist_files_name_the_file(tiny_fashion):
+    """A damaged IDX header, a label file shorter than its images and a label of 200 each
+    stop at load with one line naming the file (they were a raw ValueError, a message
+    blaming data.fraction and an IndexError mid-run)."""
+    cfg = load_config(None, ["data.name=fashion_mnist", f"data.root={tiny_fashion}"])
+    labels = tiny_fashion / "t10k-labels-idx1-ubyte"
+    good = labels.read_bytes()
+    cases = [
+        (bytes([0, 0, 0x08, 0xFF, 0, 0]), "damaged IDX header in .*t10k-labels"),
+        (None, r"disagree .*t10k-images.* \(20, 28, 28\) images, .*t10k-labels.* \(19,\)"),
+        (None, r"t10k-labels-idx1-ubyte \(data.root\): label 200, Fashion-MNIST has 0..9"),
+    ]
+    short = np.arange(19) % 10
+    wrong = np.arange(20) % 10
+    wrong[5] = 200
+    for (raw, needle), arr in zip(cases, [None, short, wrong], strict=True):
+        if raw is not None:
+            labels.write_bytes(raw)
+        else:
+            write_idx(labels, arr, gz=False)
+        with pytest.raises(ConfigError, match=needle):
+            load_data(cfg)
+    labels.write_bytes(good)
+    assert load_data(cfg).n_clients > 0
+
+
 def test_fashion_mnist_loader_and_label_permutation(tiny_fashion):
     cfg = load_config(
         None,
