@@ -171,12 +171,14 @@ def tuned(cfg: Config, entries: list[str], spaces: dict[str, str | Path], root: 
     import json
 
     from raycobo.comparison.plan import entry_config
-    from raycobo.tune.entry import tune_entry
+    from raycobo.tune.entry import check_entry, tune_entry
 
-    picked: dict[str, dict[str, Any]] = {}
-    for entry, space in spaces.items():
+    for entry, space in spaces.items():  # every space checked before any sweep runs
         if entry not in entries:
             raise ConfigError(f"--tune {entry}: '{entry}' is not compared ({', '.join(entries)})")
+        check_entry(entry_config(cfg, entry), Path(space))
+    picked: dict[str, dict[str, Any]] = {}
+    for entry, space in spaces.items():
         picked[entry] = tune_entry(entry_config(cfg, entry), Path(space), root / f"tune-{entry}")
     root.mkdir(parents=True, exist_ok=True)
     (root / "tuned.json").write_text(json.dumps(picked, indent=2))

@@ -22,6 +22,11 @@ def tuning_base(cfg: Config) -> Config:
     )
 
 
+def check_entry(cfg: Config, space: Path) -> None:
+    """The space's keys, values and metric against the entry's config (nothing runs)."""
+    check_space(read_spec(Path(space)), tuning_base(cfg), Path(space))
+
+
 def tune_entry(cfg: Config, space: Path, out: Path) -> dict[str, Any]:
     """Sweep ``space`` (its ``base`` is ignored: the entry's config is the base) on
     validation data into ``out``. -> the best finished trial's sampled values"""

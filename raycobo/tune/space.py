@@ -72,7 +72,9 @@ class SweepSpec(_Strict):
     base: str | dict[str, Any] | None = None
     overrides: dict[str, Any] = Field(default_factory=dict)
     space: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    metric: str = "mean_accuracy"
+    # what a trial reports to Tune (sweep.REPORTED): a name outside it would be NaN in
+    # every trial, so it is refused before anything runs
+    metric: Literal["mean_accuracy", "mean_loss", "w_within", "w_across"] = "mean_accuracy"
     mode: Literal["min", "max"] = "max"
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     search: Literal["random", "grid", "optuna"] = "random"

@@ -12,6 +12,7 @@ import contextlib
 import json
 import shutil
 import tempfile
+import typing
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from raycobo.config import Config, ConfigError, validate, with_overrides
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 from raycobo.tune.space import SweepSpec, tune_space
 
-REPORTED = ("mean_accuracy", "mean_loss", "w_within", "w_across")
+REPORTED = typing.get_args(SweepSpec.model_fields["metric"].annotation)  # what trials report
 
 
 class TuneReporter(BaseCallback):

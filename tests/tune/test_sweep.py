@@ -324,3 +324,38 @@ def test_compare_tune_picks_on_validation_and_runs_with_the_pick(tmp_path):
     assert stored.data.evaluate_on == "test"  # the comparison itself is scored on test
     bad = CliRunner().invoke(app, ["compare", str(cfg), "--tune", f"ditto={space}", "-q"])
     assert bad.exit_code != 0 and "'ditto' is not compared" in bad.output
+
+
+def test_a_metric_typo_stops_before_any_sweep_runs(tmp_path):
+    """`mean_los` would be NaN in every trial: refused when the space is read, also for
+    the second of two tuned entries of a compare (before the first one's sweep)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "name: t\nrounds: 4\ndata: {name: digits}\nmodel: {name: mlp, hidden: [8]}\n"
+        "tracking: {enabled: false}\ncompare: {algorithms: [local, cobo, ditto]}\n"
+    )
+    good, typo = tmp_path / "good.yaml", tmp_path / "typo.yaml"
+    good.write_text(TUNE_SPACE)
+    typo.write_text(TUNE_SPACE.replace("metric: mean_accuracy", "metric: mean_los"))
+    assert "metric: mean_los\n" in typo.read_text()
+    out = tmp_path / "cmp"
+    r = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            str(cfg),
+            "--out",
+            str(out),
+            "--tune",
+            f"cobo={good}",
+            "--tune",
+            f"ditto={typo}",
+            "-q",
+        ],
+    )
+    assert r.exit_code == 2, r.output
+    assert "invalid sweep key 'metric'" in r.stderr and "typo.yaml" in r.stderr
+    assert "mean_accuracy" in r.stderr  # the metrics it can be
+    assert not (out / "tune-cobo").exists()  # no sweep ran
+    s = CliRunner().invoke(app, ["sweep", str(typo), "--out", str(tmp_path / "sw")])
+    assert s.exit_code == 2 and "invalid sweep key 'metric'" in s.stderr
