@@ -32,13 +32,41 @@ def dotted(overrides: dict[str, Any]) -> dict[str, Any]:
     return {k.replace("__", "."): v for k, v in overrides.items()}
 
 
+def _path(value: Any, what: str) -> Path:
+    """A path argument of the API, or a one-line error naming it."""
+    if not isinstance(value, str | Path) or (isinstance(value, str) and not value):
+        raise ConfigError(f"{what} must be a folder path (str or Path), not {value!r}")
+    return Path(value)
+
+
+def _check_keywords(fn: str, overrides: dict[str, Any], own: tuple[str, ...]) -> None:
+    """Keywords are config overrides (``algorithm__rho=0.1``) besides ``own``: one close
+    to an own keyword is that keyword misspelled, not a config key."""
+    import difflib
+
+    for key in overrides:
+        if key in Config.model_fields:  # a config key (seed=1), whatever it resembles
+            continue
+        close = difflib.get_close_matches(key, own, n=1, cutoff=0.75)
+        if close:
+            raise ConfigError(
+                f"raycobo.{fn}: unknown keyword '{key}' (did you mean '{close[0]}'?); its "
+                f"keywords are {', '.join(own)}, the others config overrides (algorithm__rho=0.1)"
+            )
+
+
 def load(config: ConfigLike, **overrides: Any) -> Config:
-    """A validated Config from a path, a mapping or a Config, with overrides applied."""
+    """A validated Config from a path, a mapping or a Config, with overrides applied. A
+    mapping's relative ``plugin_paths`` are made absolute from the current directory
+    (as a YAML's are from its folder), so that its run resumes from anywhere."""
     over = dotted(overrides)
     if isinstance(config, Config):
         return with_overrides(config, over) if over else config
     if isinstance(config, dict):
-        cfg = validate(dict(config))
+        tree = dict(config)
+        if isinstance(tree.get("plugin_paths"), list):
+            tree["plugin_paths"] = [str(Path(str(p)).resolve()) for p in tree["plugin_paths"]]
+        cfg = validate(tree)
         return with_overrides(cfg, over) if over else cfg
     if isinstance(config, str | Path):
         cfg = load_config(Path(config))
@@ -76,6 +104,8 @@ def run(
     **overrides: Any,
 ) -> Result:
     """Run one experiment into ``out`` (default ``runs/<time>-<name>-<method>``)."""
+    _check_keywords("run", overrides, ("out", "track", "progress"))
+    out = _path(out, "raycobo.run: out") if out is not None else None
     cfg = load(config, **overrides)
     label = cfg.algorithm.name
     return run_experiment(cfg, out, _callbacks(cfg, track), _progress(label, progress))
@@ -90,6 +120,7 @@ def resume(
 ) -> Result:
     """Continue an interrupted or failed run from its newest checkpoint; ``rounds``
     extends a finished one."""
+    run_dir = _path(run_dir, "raycobo.resume: run_dir")
     cfg = resume_config(run_dir, [f"rounds={rounds}"] if rounds is not None else [])
     label = cfg.algorithm.name
     return run_experiment(
@@ -99,7 +130,7 @@ def resume(
 
 def load_run(run_dir: str | Path) -> Result:
     """A run directory's results (finished or not) without running anything."""
-    path = Path(run_dir)
+    path = _path(run_dir, "raycobo.load_run: run_dir")
     summary = read_summary(path)
     if summary is None:
         raise ConfigError(f"{path} holds no readable summary.json (not a run directory)")
@@ -144,12 +175,14 @@ def compare(
     from raycobo.comparison import tracked_compare
     from raycobo.comparison.plan import default_root
 
+    own = ("algorithms", "seeds", "out", "parallel", "track", "progress", "tune")
+    _check_keywords("compare", overrides, own)
     cfg = load(config, **overrides)
     if isinstance(algorithms, str):  # "cobo" or "local,cobo": names, not characters
         algorithms = [a.strip() for a in algorithms.split(",") if a.strip()]
     entries = list(algorithms) if algorithms else list(cfg.compare.algorithms)
     track_on = cfg.tracking.enabled if track is None else track
-    root = Path(out) if out is not None else None
+    root = _path(out, "raycobo.compare: out") if out is not None else None
     if tune:
         root = root if root is not None else default_root(cfg)
         cfg = tuned(cfg, entries, tune, root)
@@ -204,7 +237,7 @@ def resume_compare(
     from raycobo.config import load_stored_config
     from raycobo.lifecycle.run_dir import stored_config_path
 
-    root = Path(root)
+    root = _path(root, "raycobo.resume_compare: root")
     cfg = load_stored_config(stored_config_path(root, "comparison"))
     track_on = cfg.tracking.enabled if track is None else track
     progress_of = lambda label: _progress(label, progress)  # noqa: E731
@@ -227,8 +260,10 @@ def sweep(
     from raycobo.tune.space import load_sweep
     from raycobo.tune.sweep import run_sweep
 
+    _check_keywords("sweep", overrides, ("out", "num_samples", "smoke_test"))
+    out = _path(out, "raycobo.sweep: out") if out is not None else None
     spec, base = load_sweep(space, dotted(overrides))
-    return run_sweep(spec, base, Path(out) if out is not None else None, num_samples, smoke_test)
+    return run_sweep(spec, base, out, num_samples, smoke_test)
 
 
 def resume_sweep(root: str | Path, *, trust_files: bool = False) -> dict[str, Any]:
@@ -237,4 +272,4 @@ def resume_sweep(root: str | Path, *, trust_files: bool = False) -> dict[str, An
     writable by others, and Tune's files must be those the sweep recorded."""
     from raycobo.tune.sweep import resume_sweep as resume_from
 
-    return resume_from(Path(root), trust_files)
+    return resume_from(_path(root, "raycobo.resume_sweep: root"), trust_files)

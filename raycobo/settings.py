@@ -4,20 +4,43 @@ section base and the registry lookup."""
 
 from __future__ import annotations
 
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 class ConfigError(ValueError):
     """A user-facing configuration problem; the message is one line naming the key/file."""
 
 
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field of this type has a use for true/false (a number does not)."""
+    if annotation is bool or annotation is Any:
+        return True
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return any(isinstance(a, bool) for a in get_args(annotation))
+    if origin in (Union, UnionType, Annotated):
+        return any(_takes_bool(a) for a in get_args(annotation))
+    return origin is not None  # containers: their items are checked where they are typed
+
+
 class Section(BaseModel):
-    """A config section: unknown keys are errors, assignments are validated, and numbers
-    must be finite (``inf`` and ``nan`` are bad input everywhere)."""
+    """A config section: unknown keys are errors, assignments are validated, numbers
+    must be finite (``inf`` and ``nan`` are bad input everywhere) and are never true or
+    false (``rounds: true`` would otherwise run one round)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and not _takes_bool(field.annotation):
+                raise ValueError(f"expected a number, not {str(value).lower()}")
+        return value
 
 
 def did_you_mean(key: str, known: list[str]) -> str:

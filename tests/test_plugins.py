@@ -322,6 +322,38 @@ def test_python_api_round_trip(tmp_path):
     assert from_dict.summary["mean_loss"] == res.summary["history"][-1]["mean_loss"]
 
 
+def test_the_api_names_its_bad_arguments_and_pins_a_mappings_plugin_paths(tmp_path, monkeypatch):
+    """(#39: 15, 17) A path argument that is not a path, a misspelled keyword (not taken
+    for a config key), true/false for a number: one line naming the argument or key. A
+    mapping's relative plugin_paths are stored absolute, so the run resumes from
+    anywhere."""
+    cfg = load_config(None, DIGITS)
+    for call, needle in [
+        (lambda: raycobo.run(cfg, out=42), "raycobo.run: out must be a folder path"),
+        (lambda: raycobo.load_run(None), "raycobo.load_run: run_dir must be a folder path"),
+        (lambda: raycobo.run(cfg, tmp_path / "x", trak=False), "did you mean 'track'"),
+        (lambda: raycobo.compare(cfg, sedes=[0]), "raycobo.compare: unknown keyword 'sedes'"),
+        (lambda: raycobo.compare(cfg, seed=[0]), "'seed': Input should be a valid integer"),
+        (lambda: raycobo.run(cfg, tmp_path / "y", rounds=True), "'rounds': expected a number"),
+        (lambda: load_config(None, ["algorithm.lr=true"]), "'algorithm.lr': expected a number"),
+    ]:
+        with pytest.raises(ConfigError, match=needle):
+            call()
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    folder = tmp_path / "work" / "plug"
+    folder.mkdir(parents=True)
+    shutil.copy(FEDPROX, folder / "api_prox.py")
+    monkeypatch.chdir(tmp_path / "work")
+    tree = {**cfg.to_dict(), "plugin_paths": ["plug"], "rounds": 2}
+    tree["algorithm"] = {"name": "api_prox:FedProx"}
+    try:
+        raycobo.run(tree, tmp_path / "r")
+        stored = load_config(tmp_path / "r" / "config.yaml").plugin_paths
+        assert stored == [str(folder.resolve())]
+    finally:
+        sys.modules.pop("api_prox", None)
+
+
 def test_arrays_from_one_file_through_every_partition(tmp_path):
     """A .npz with features and labels, split among clients by each partition; the same
     arrays in a .pt file give the same data."""
