@@ -90,12 +90,36 @@ class Resume:
 
 
 def read_summary(path: Path) -> dict[str, Any] | None:
-    """A run directory's summary.json, or None when it has none (or an unreadable one)."""
+    """A run directory's summary.json, or None when it has none (or an unreadable one).
+    A ``running`` summary whose writer is gone (nobody holds the directory's lock: the
+    process was killed before it could write its last status) reads ``interrupted``."""
     try:
         data = json.loads((path / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    if data.get("status") == "running" and not _locked(path / ".lock"):
+        data = {**data, "status": "interrupted", "stale_running": True}
+    return data
+
+
+def _locked(lock: Path) -> bool:
+    """Whether a process holds this run directory's lock (flock; also this process
+    through another descriptor)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False  # no lock file: no writer
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def stored_config_path(directory: Path, what: str = "run") -> Path:
@@ -273,6 +297,13 @@ class RunDir(BaseCallback):
         remove_stale_temps(self.checkpoints)  # what killed checkpoint writes left behind
         remove_stale_temps(self.path)
         found = ckpt.newest_readable(self.checkpoints, lambda msg: print(msg, file=sys.stderr))
+        if status == "completed" and found is None and self.cfg.rounds > old.get("rounds", 0):
+            raise ConfigError(
+                f"run directory {self.path} holds a finished run of {old.get('rounds')} rounds "
+                "but no checkpoint to extend it from (checkpoint.every was 0, or the "
+                "checkpoints were removed); start a new run with rounds="
+                f"{self.cfg.rounds} instead"
+            )
         if status == "completed" and (found is None or found[0] >= self.cfg.rounds):
             raise ConfigError(
                 f"run directory {self.path} holds a finished run of {old.get('rounds')} rounds; "
@@ -316,6 +347,9 @@ class RunDir(BaseCallback):
         naming the keys."""
         if saved is None:  # checkpoints of versions that did not record it
             return
+        from raycobo.config import stored_tree
+
+        saved = stored_tree(json.loads(json.dumps(saved)))  # read as config.yaml is
         now = self.cfg.to_dict()
         diff = [
             k

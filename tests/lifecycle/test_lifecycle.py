@@ -98,6 +98,10 @@ def test_resume_refuses_other_overrides_and_finished_runs(tmp_path, quad_cfg):
         run_experiment(resume_config(tmp_path / "a"), tmp_path / "a", resume=True)
     with pytest.raises(ConfigError, match="already holds a finished run"):
         run_experiment(quad_cfg("rounds=4"), tmp_path / "a")
+    # (#39 item 14) without checkpoints there is nothing to extend: said so, not "finished"
+    run_experiment(quad_cfg("rounds=4", "checkpoint.every=0"), tmp_path / "n")
+    with pytest.raises(ConfigError, match="finished run of 4 rounds but no checkpoint"):
+        run_experiment(resume_config(tmp_path / "n", ["rounds=8"]), tmp_path / "n", resume=True)
     with pytest.raises(ConfigError, match="no config.yaml"):
         resume_config(tmp_path / "nothing")
 
@@ -296,3 +300,26 @@ def test_errors_that_cross_ray_processes_survive_pickling():
     assert "FloatingPointError at round 3" in str(err)
     lost = pickle.loads(pickle.dumps(HostsLost([2, 3])))
     assert lost.clients == [2, 3] and "clients [2, 3]" in str(lost)
+
+
+def test_a_running_summary_without_its_writer_reads_interrupted(tmp_path, quad_cfg):
+    """(#39 item 14) A process killed before its last status (a sweep's trials after
+    SIGINT) left `running` with a dead pid: with nobody holding the directory's lock it
+    reads `interrupted`, and resumes; while its writer lives it reads `running`."""
+    import json
+
+    from raycobo.lifecycle.run_dir import RunDir, read_summary
+
+    cfg = quad_cfg("rounds=4")
+    writer = RunDir(tmp_path / "r", cfg)
+    writer.open(False)
+    try:
+        assert read_summary(tmp_path / "r")["status"] == "running"
+    finally:
+        writer.close()
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    (tmp_path / "r" / "summary.json").write_text(json.dumps({**summary, "status": "running"}))
+    seen = read_summary(tmp_path / "r")
+    assert seen["status"] == "interrupted" and seen["stale_running"]
+    done = run_experiment(resume_config(tmp_path / "r"), tmp_path / "r", resume=True)
+    assert done.summary["status"] == "completed"
