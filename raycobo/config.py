@@ -293,6 +293,11 @@ class Config(_Section):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def pinned(self) -> Config:
+        """This config with the values its method chooses written out (a run's record:
+        a later release's defaults cannot change a run on resume)."""
+        return self.model_copy(update={"algorithm": self.algorithm.pinned()})
+
 
 # ---------------------------------------------------------------------------------------
 # loading and overrides
@@ -462,8 +467,25 @@ def load_stored_config(path: str | Path) -> Config:
     before the per-method settings wrote every method's keys in one flat ``algorithm``
     section; the keys of other methods are dropped, so those directories still resume. A
     CoBo section written before ``algorithm.rule`` ran Algorithm 1's score, step and pull:
-    it resumes with rule paper."""
-    tree = read_yaml(path)
+    it resumes with rule paper; one of rule raycobo written before runs recorded their
+    values resumes with that rule's values of then."""
+    return validate(stored_tree(read_yaml(path)))
+
+
+# CoBo's rule raycobo before runs recorded their values (pinned, 2026-11-27): a stored
+# config of that rule with these keys null ran them
+RAYCOBO_BEFORE_PINNING = {
+    "alignment": "cosine",
+    "gamma": 3.0,
+    "gamma_decay": "sqrt",
+    "pull": "mean",
+    "mixed_switch": 0.5,
+}
+
+
+def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:
+    """A config tree that raycobo wrote, read as the version that wrote it ran it (see
+    ``load_stored_config``); also applied to the config a checkpoint recorded."""
     section = tree.get("algorithm")
     if isinstance(section, dict) and section.get("name", "cobo") in METHODS:
         own = method(section.get("name", "cobo")).settings.model_fields
@@ -471,7 +493,11 @@ def load_stored_config(path: str | Path) -> Config:
             del section[key]
         if section.get("name", "cobo") == "cobo" and "rule" not in section:
             section["rule"] = "paper"  # written before algorithm.rule: Algorithm 1's rule
-    return validate(tree)
+        elif section.get("name", "cobo") == "cobo" and section.get("rule") == "raycobo":
+            for key, value in RAYCOBO_BEFORE_PINNING.items():
+                if section.get(key) is None:
+                    section[key] = value
+    return tree
 
 
 def read_config_tree(path: str | Path) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from raycobo.comparison import entry_config
 from raycobo.config import ConfigError, load_config, load_stored_config, with_overrides
 from tests.helpers import CHARACTERISTIC, build, run_rounds
 
-# the branches that read every key: CoBo's mixed sampling reads all three constants
-EXTRA = {**CHARACTERISTIC, "cobo": ["algorithm.sampling=mixed"]}
+# the branches that read every key: CoBo's mixed sampling reads all three constants, its
+# bounded alignment the cosine's floor
+EXTRA = {**CHARACTERISTIC, "cobo": ["algorithm.sampling=mixed", "algorithm.alignment=bounded"]}
 
 
 class ReadLog:

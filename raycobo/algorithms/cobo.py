@@ -16,8 +16,13 @@ Each round t:
 
 That is ``algorithm.rule: paper``. The default rule (``raycobo``, chosen on the regime
 matrix of benchmarks/regimes, README "CoBo's defaults") changes three things, each a
-setting of its own: the score is the cosine of g_i(z_ij) and g_j(z_ij) (``alignment``:
-the same gamma whatever the gradients' scale), gamma shrinks with the samples a pair has
+setting of its own: the score is the cosine of g_i(z_ij) and g_j(z_ij) with a floor under
+its denominator (``alignment: bounded``: <g_i, g_j> / max(||g_i|| ||g_j||, c S_0), S_0 the
+clients' mean squared gradient norm at x^0 and c = ``cosine_floor``; while gradients are
+large it is the cosine -- the same gamma whatever their scale -- and once training has
+shrunk them it shrinks with them, as Eq. (1)'s inner product does, so that the late
+negative scores of clients fitting their own few data do not erase what W learned early;
+``alignment: cosine`` is the cosine alone), gamma shrinks with the samples a pair has
 had (``gamma_decay``: W is learned early, and its late samples -- noisy, or negative once
 the models fit their few data -- move it little), and the pull goes toward the
 W-weighted mean of x_i and its collaborators (``pull: mean``: its strength does not
@@ -32,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
@@ -54,11 +59,12 @@ Domain = Literal["box", "simplex"]
 # penalty summed over collaborators), gamma 0.01 as measured on the cross-device twin.
 RULES: dict[str, dict[str, object]] = {
     "raycobo": {
-        "alignment": "cosine",
+        "alignment": "bounded",
         "gamma": 3.0,
         "gamma_decay": "sqrt",
         "pull": "mean",
         "mixed_switch": 0.5,
+        "cosine_floor": 0.3,
     },
     "paper": {
         "alignment": "inner",
@@ -66,8 +72,11 @@ RULES: dict[str, dict[str, object]] = {
         "gamma_decay": "none",
         "pull": "sum",
         "mixed_switch": 0.5,
+        "cosine_floor": 0.3,
     },
 }
+# alignment-specific keys: written out (pinned, MLflow params) only with that alignment
+ONLY_WITH_ALIGNMENT = {"cosine_floor": "bounded"}
 
 
 class SwitchAfter(Section):
@@ -101,10 +110,18 @@ class CoBoConfig(MethodConfig):
     gamma: float | None = Field(
         default=None, gt=0, description="gamma: W step size" + _by_rule("gamma")
     )
-    alignment: Literal["inner", "cosine"] | None = Field(
+    alignment: Literal["inner", "cosine", "bounded"] | None = Field(
         default=None,
-        description="Eq. (1)'s score: the inner product <g_i, g_j> (paper) or its cosine "
-        "(scale-free)" + _by_rule("alignment"),
+        description="Eq. (1)'s score: the inner product <g_i, g_j> (paper), its cosine "
+        "(scale-free), or bounded: the cosine with a floor under its denominator (shrinks "
+        "as the gradients do)" + _by_rule("alignment"),
+    )
+    cosine_floor: float | None = Field(
+        default=None,
+        gt=0,
+        description="alignment bounded: the cosine's denominator ||g_i|| ||g_j|| is never "
+        "below this share of the clients' mean squared gradient norm at x^0"
+        + _by_rule("cosine_floor"),
     )
     gamma_decay: Literal["none", "sqrt", "linear"] | None = Field(
         default=None,
@@ -152,12 +169,28 @@ class CoBoConfig(MethodConfig):
         "first and W at the new models' midpoints (authors' code)",
     )
 
+    @field_validator("cosine_floor")
+    @classmethod
+    def _floor_applies(cls, value: float | None, info: ValidationInfo) -> float | None:
+        rule = info.data.get("rule", "raycobo")
+        alignment = info.data.get("alignment") or RULES[rule]["alignment"]
+        if value is not None and alignment != "bounded":
+            raise ValueError(
+                f"applies to alignment: bounded, not {alignment} (it would do nothing): "
+                "drop it, or set algorithm.alignment=bounded"
+            )
+        return value
+
     def effective(self) -> dict:
-        """The settings with the rule's values where a key is null."""
+        """The settings with the rule's values where a key is null (a key of one
+        alignment only with that alignment)."""
         out = self.model_dump(mode="json")
         for key, value in RULES[self.rule].items():
             if out[key] is None:
                 out[key] = value
+        for key, alignment in ONLY_WITH_ALIGNMENT.items():
+            if out["alignment"] != alignment:
+                out[key] = None
         return out
 
 
@@ -210,6 +243,8 @@ class CoBoState:
     W: torch.Tensor | SparseBoxWeights  # (n, n) collaboration weights w_ij
     active: torch.Tensor | None = None  # (n,) bool: clients in the system (None: all)
     M: torch.Tensor | None = None  # (n, d) the model step's gradient average (momentum)
+    # alignment bounded: the mean squared norm of the clients' gradients at x^0, ()
+    scale: torch.Tensor | None = None
 
 
 def initial_weights(n: int, domain: str, device: torch.device | None = None) -> torch.Tensor:
@@ -329,14 +364,18 @@ def penalized_rows_blocks(
     return out.add_(G, alpha=-lr)
 
 
-def alignment_scores(G_i: torch.Tensor, G_j: torch.Tensor, kind: str = "inner") -> torch.Tensor:
+def alignment_scores(
+    G_i: torch.Tensor, G_j: torch.Tensor, kind: str = "inner", floor: float = 0.0
+) -> torch.Tensor:
     """The inner problem's signal for each sampled pair: <g_i(z_ij), g_j(z_ij)> (Eq. 1),
     or with ``kind='cosine'`` that product over ||g_i|| ||g_j|| (in [-1, 1]: every pair
-    moves by at most gamma, whatever the gradients' scale). G_i, G_j: (E, d) -> (E,)"""
+    moves by at most gamma, whatever the gradients' scale), or with ``kind='bounded'``
+    over max(||g_i|| ||g_j||, floor) (also in [-1, 1]; below the floor it is the inner
+    product in units of the floor). G_i, G_j: (E, d) -> (E,)"""
     dot = torch.linalg.vecdot(G_i, G_j)
-    if kind == "cosine":
+    if kind in ("cosine", "bounded"):
         norms = torch.linalg.vector_norm(G_i, dim=1) * torch.linalg.vector_norm(G_j, dim=1)
-        return dot / norms.clamp_min(1e-12)
+        return dot / norms.clamp_min(max(floor, 1e-12))
     return dot
 
 
@@ -411,7 +450,15 @@ class CoBo:
                 "(a simplex projection rewrites whole rows)"
             )
         W = SparseBoxWeights.ones(n, X.device) if sparse else initial_weights(n, c.domain, X.device)
-        return CoBoState(X, W)
+        return CoBoState(X, W, scale=self.initial_scale(ops, X))
+
+    def initial_scale(self, ops: ClientOps, X: torch.Tensor) -> torch.Tensor | None:
+        """alignment bounded: the clients' mean squared gradient norm at x^0 (one
+        gradient each, on a minibatch of stream INIT), the unit of the cosine's floor."""
+        if self.cfg.alignment != "bounded":
+            return None
+        G, _ = ops.grads(torch.arange(X.shape[0], device=X.device), X, 0, rng.INIT, 0)
+        return G.square().sum(dim=1).mean().detach()
 
     def sample_edges(
         self, active: torch.Tensor | None, t: int, n_clients: int, device=None
@@ -455,7 +502,7 @@ class CoBo:
         E = edges.shape[0]
         if E == 0:
             return state
-        scores = alignment_scores(G_align[:E], G_align[E:], self.cfg.alignment)
+        scores = alignment_scores(G_align[:E], G_align[E:], self.cfg.alignment, self.floor(state))
         gamma = self.gamma_at(t, self.present(state))
         W = update_weights(state.W, edges, scores, gamma, self.cfg.domain)
         return replace(state, W=W)
@@ -482,7 +529,13 @@ class CoBo:
             X = X.clone()
             sub = W[members][:, members]
             X[members] = penalized_step(X[members], G, sub, c.lr, rho, c.pull)
-        return CoBoState(X, W, state.active, M)
+        return replace(state, X=X, W=W, M=M)
+
+    def floor(self, state: CoBoState) -> float:
+        """alignment bounded: the least denominator of the cosine (0 otherwise)."""
+        if self.cfg.alignment != "bounded" or state.scale is None:
+            return 0.0
+        return self.cfg.cosine_floor * float(state.scale)
 
     @staticmethod
     def present(state: CoBoState) -> int:

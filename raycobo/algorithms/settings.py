@@ -27,6 +27,11 @@ class MethodConfig(Section):
         filled in), for records that are searched by value (MLflow params)."""
         return self.model_dump(mode="json")
 
+    def pinned(self) -> MethodConfig:
+        """These settings with every value the method would choose written out: what a
+        run records, so that a later change of a default cannot change it on resume."""
+        return type(self).model_validate(self.effective())
+
 
 class LocalTraining(Section):
     local_steps: int = Field(default=1, ge=1, description="local SGD steps per round")

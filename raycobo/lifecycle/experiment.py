@@ -116,6 +116,7 @@ def run_experiment(
     it has none)."""
     if resume and out is None:
         raise ConfigError("resume needs the run directory to continue")
+    cfg = cfg.pinned()  # the record says what ran, whatever later defaults are
     writer = RunDir(Path(out) if out is not None else default_run_dir(cfg), cfg)
     signals = _Signals()
     signals.install()

@@ -98,10 +98,12 @@ def test_figure1_point_b_separated_optima_disconnect():
 
 
 def test_example2_uneven_clusters_recover_blocks_and_optima(quad_cfg):
-    """CoBo Example 2: clusters of 2, 3 and 4 clients. W becomes the block indicator and
+    """CoBo Example 2 with Algorithm 1 as printed (rule paper; the defaults' own Example 2
+    tests are below): clusters of 2, 3 and 4 clients. W becomes the block indicator and
     every x_i reaches its cluster centre mu_k."""
 
     cfg = quad_cfg(
+        "algorithm.rule=paper",
         "data.partition.clients_per_cluster=[2,3,4]",
         "data.dim=5",
         "data.noise=0.01",
@@ -289,37 +291,42 @@ def three_clients(mus, a=(1.0, 2.0, 0.5)):
 
 def test_the_raycobo_rule_by_hand_over_two_rounds():
     """The default rule on three full-batch quadratics, full sampling: Eq. (1) with the
-    cosine of the midpoint gradients and gamma / sqrt(1 + k_t) (k_t = t: every pair is
-    sampled every round), Eq. (3) pulled toward the W-weighted mean of x_i and its
-    collaborators (w_ii = 1) with lr * rho = 0.2 (rho auto)."""
+    bounded cosine of the midpoint gradients, <g_i, g_j> / max(||g_i|| ||g_j||, 0.3 S_0)
+    (S_0 the clients' mean squared gradient norm at the start), and gamma / sqrt(1 + k_t)
+    (k_t = t: every pair is sampled every round), Eq. (3) pulled toward the W-weighted
+    mean of x_i and its collaborators (w_ii = 1) with lr * rho = 0.2 (rho auto). The
+    start is far from the optima for two pairs and near them for the third, so both
+    sides of the floor are taken."""
     mus = [[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0]]
     ops = three_clients(mus)
     cfg = CoBoConfig(lr=0.1, sampling="full")
     algo = CoBo(cfg, rounds=10, seed=0)
-    assert (algo.cfg.alignment, algo.cfg.gamma, algo.cfg.gamma_decay, algo.cfg.pull) == (
-        "cosine",
-        3.0,
-        "sqrt",
-        "mean",
-    )
+    got = (algo.cfg.alignment, algo.cfg.cosine_floor, algo.cfg.gamma, algo.cfg.gamma_decay)
+    assert got == ("bounded", 0.3, 3.0, "sqrt") and algo.cfg.pull == "mean"
     assert algo.penalty(3) == pytest.approx(2.0)
     mu, a = torch.tensor(mus), torch.tensor([1.0, 2.0, 0.5])
-    X = torch.tensor([[2.0, 1.0], [-1.0, 0.0], [0.5, 0.5]])
+    X = torch.tensor([[4.0, 1.0], [-1.0, 3.0], [-1.2, -0.8]])
     W = torch.ones(3, 3)
-    state = CoBoState(X.clone(), W.clone())
+    S0 = float((a[:, None] * (X - mu)).square().sum(dim=1).mean())
+    assert float(algo.initial_scale(ops, X)) == pytest.approx(S0)
+    state = CoBoState(X.clone(), W.clone(), scale=torch.tensor(S0))
+    floored = 0
     for t in range(2):
         state, _ = algo.round(state, t, ops)
         gamma = 3.0 / (1.0 + t) ** 0.5
         for i, j in [(0, 1), (0, 2), (1, 2)]:
             z = (X[i] + X[j]) / 2
             gi, gj = a[i] * (z - mu[i]), a[j] * (z - mu[j])
-            cos = float(gi @ gj / (gi.norm() * gj.norm()))
-            W[i, j] = W[j, i] = min(1.0, max(0.0, float(W[i, j]) + gamma * cos))
+            norms = float(gi.norm() * gj.norm())
+            floored += norms < 0.3 * S0
+            score = float(gi @ gj) / max(norms, 0.3 * S0)
+            W[i, j] = W[j, i] = min(1.0, max(0.0, float(W[i, j]) + gamma * score))
         G = a[:, None] * (X - mu)
         target = (W @ X) / W.sum(dim=1, keepdim=True)  # rows of mass >= 1 (w_ii = 1)
         X = X - 0.1 * (G + 2.0 * (X - target))
         assert_close(state.W, W)
         assert_close(state.X, X)
+    assert 0 < floored < 6  # both branches of the max were taken
 
 
 def test_the_paper_rule_is_one_setting_away():
@@ -434,3 +441,29 @@ def test_a_rho_sweep_on_example2_picks_collaboration(quad_cfg):
         losses[rho] = float(evaluate(algo, run_rounds(algo, ops, 80), ops).loss.mean())
     assert min(losses, key=losses.get) > 0
     assert min(losses.values()) < losses[0.0]
+
+
+def test_a_run_records_the_values_it_ran_and_old_records_resume_as_they_ran(tmp_path):
+    """A run's config.yaml pins the rule's values (a later default cannot change it on
+    resume); a rule-raycobo config written before pinning resumes with that rule's values
+    of then (the plain cosine)."""
+    import yaml
+
+    from raycobo.config import load_config, load_stored_config
+    from raycobo.lifecycle.experiment import run_experiment
+
+    cfg = load_config(None, ["rounds=2", "tracking.enabled=false"])
+    assert cfg.algorithm.alignment is None
+    run_experiment(cfg, tmp_path / "r")
+    stored = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["algorithm"]
+    assert (stored["alignment"], stored["cosine_floor"], stored["gamma"]) == ("bounded", 0.3, 3.0)
+    assert stored["pull"] == "mean" and stored["gamma_decay"] == "sqrt"
+    assert load_stored_config(tmp_path / "r" / "config.yaml").algorithm.alignment == "bounded"
+    before = {"algorithm": {"name": "cobo", "rule": "raycobo", "alignment": None, "gamma": None}}
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(before))
+    old = load_stored_config(tmp_path / "old.yaml").algorithm
+    assert (old.alignment, old.gamma, old.pull, old.cosine_floor) == ("cosine", 3.0, "mean", None)
+    plain = load_config(None, ["algorithm.rule=paper", "rounds=2", "tracking.enabled=false"])
+    run_experiment(plain, tmp_path / "p")
+    paper = yaml.safe_load((tmp_path / "p" / "config.yaml").read_text())["algorithm"]
+    assert (paper["alignment"], paper["cosine_floor"], paper["gamma"]) == ("inner", None, 0.01)

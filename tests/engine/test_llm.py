@@ -268,8 +268,8 @@ def test_alignment_gradients_use_each_clients_own_data(help_root):
         seen.append((clients.clone(), rng.per_row(stream, clients.numel()).clone()))
         return real(clients, Z, round, stream, salt)
 
+    state = algo.init(ops)  # (one gradient per client at x^0: the floor's scale)
     ops.grads = spy
-    state = algo.init(ops)
     edges = algo.sampler(4).sample(0)
     algo.round(state, 0, ops)
     clients, streams = seen[0]

@@ -78,6 +78,7 @@ class ResidentRounds:
         self.algo, self.ops, self.timing, self.rounds = algo, ops, timing, rounds
         self.W: torch.Tensor | None = None
         self.active: torch.Tensor | None = None  # present clients (None: all)
+        self.scale: torch.Tensor | None = None  # CoBo.initial_scale (alignment bounded)
         self.blocks: list = []  # every host's published models, x^t (object references)
         self.ahead: _Pending | None = None  # the next round, already submitted
         self.rolled_back = 0  # rounds submitted ahead and discarded (membership changed)
@@ -91,6 +92,8 @@ class ResidentRounds:
         x0 = ops.initial_params().numpy()
         self.algo.penalty(ops.n_clients)  # an unstable explicit rho stops here
         self.W = initial_weights(ops.n_clients, self.algo.cfg.domain)
+        X0 = ops.initial_params().expand(ops.n_clients, -1)
+        self.scale = self.algo.initial_scale(ops, X0)  # alignment bounded: its unit
         ops.get(
             [
                 h.res_init.remote(x0, self.W[rows].numpy())
@@ -103,6 +106,7 @@ class ResidentRounds:
         res = tree["resident"]
         self.ahead = None
         self.W, self.active = res["W"].clone(), res["active"]
+        self.scale = res.get("scale")
         X = res["X"]
         self.blocks = [self.ops.ray.put(X[rows].numpy()) for rows in self.ops.layout]
         self._load_hosts(self.blocks)
@@ -110,14 +114,19 @@ class ResidentRounds:
     def snapshot(self) -> dict[str, Any]:
         """The committed state: the hosts' published models, W and the present clients."""
         return {
-            "resident": {"X": self.models(), "W": self.W.clone(), "active": state_tree(self.active)}
+            "resident": {
+                "X": self.models(),
+                "W": self.W.clone(),
+                "active": state_tree(self.active),
+                "scale": state_tree(self.scale),
+            }
         }
 
     def _state(self):
         """W and membership as a CoBoState (the models stay in the hosts)."""
         from raycobo.algorithms.cobo import CoBoState
 
-        return CoBoState(torch.empty(self.ops.n_clients, 0), self.W, self.active)
+        return CoBoState(torch.empty(self.ops.n_clients, 0), self.W, self.active, scale=self.scale)
 
     def evaluate(self) -> Evaluation:
         """The committed models of the live hosts; dropped clients read NaN. A round
@@ -316,6 +325,7 @@ class ResidentRounds:
             algo.gamma_at(t, algo.present(self._state())),
             c.domain,
             c.alignment,
+            algo.floor(self._state()),
             c.pull,
         )
         return (

@@ -98,7 +98,7 @@ class ResidentHostImpl(ClientHostImpl):
 
         if self.pending_step is None:  # restarted by Ray between the two phases
             raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
-        lr, rho, gamma, domain, kind, pull = hyper
+        lr, rho, gamma, domain, kind, floor, pull = hyper
         t0 = time.perf_counter()
         grads = parts[:n_grads]
         block_hosts = parts[n_grads::2]
@@ -107,7 +107,7 @@ class ResidentHostImpl(ClientHostImpl):
         scores = torch.zeros(0, device=self.device)
         if edges.shape[0]:  # Eq. (1) on this host's W rows
             G_i, G_j = self._rows_of(grads, at_i), self._rows_of(grads, at_j)
-            scores = alignment_scores(G_i, G_j, kind)
+            scores = alignment_scores(G_i, G_j, kind, floor)
             self.W = update_weight_rows(self.W, self.ids, edges, scores, gamma, domain)
         members, G, L = self.pending_step
         if members.numel():  # Eq. (3) over the linked hosts' published models
