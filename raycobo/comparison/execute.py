@@ -26,11 +26,19 @@ def run_one(
 
 
 def _run_remote(
-    cfg_dict: dict[str, Any], run_dir: str, callbacks: list[Callback], again: bool
+    cfg_dict: dict[str, Any], run_dir: str, callbacks: list[Callback], again: bool, threads: int
 ) -> Result:
+    """One job in a Ray worker. Without engine.threads the run takes the task's CPUs as
+    torch threads (torch's own default is every core: two such jobs on 2 cores ran 3x
+    slower than one)."""
+    import torch
+
     from raycobo.config import validate
 
-    return run_one(validate(cfg_dict), Path(run_dir), callbacks, None, again)
+    cfg = validate(cfg_dict)
+    if cfg.engine.threads is None:
+        torch.set_num_threads(threads)
+    return run_one(cfg, Path(run_dir), callbacks, None, again)
 
 
 def run_serial(
@@ -64,7 +72,11 @@ def run_parallel(
     task = ray.remote(num_cpus=cpus_per_run)(_run_remote)
     refs = {
         (j.entry, j.seed): task.options(**plugin_options(j.cfg)).remote(
-            j.cfg.to_dict(), str(j.run_dir.resolve()), make_callbacks(j.entry), j.again
+            j.cfg.to_dict(),
+            str(j.run_dir.resolve()),
+            make_callbacks(j.entry),
+            j.again,
+            max(1, int(cpus_per_run)),
         )
         for j in jobs
     }
