@@ -528,3 +528,43 @@ def test_bad_arrays_stop_at_load_naming_the_file(tmp_path, case, needle):
     summary = json.loads((out / "summary.json").read_text())  # recorded before any round
     assert summary["status"] == "failed" and summary["last_round"] == 0
     assert needle in summary["error"]
+
+
+def test_a_failed_extension_never_changes_the_finished_runs_summary(tmp_path):
+    """(#39 item 8) Resuming a finished run to more rounds after its plugin changed (here:
+    it now fails in its round) left the run `failed` with its mean_loss nulled. The
+    finished summary stays, the extension's failure beside it; the plugin put back, the
+    extension goes on."""
+    folder = tmp_path / "plug"
+    folder.mkdir()
+    good = FEDPROX.read_text()
+    (folder / "ext_prox.py").write_text(good)
+    cfg = load_config(
+        None, [*DIGITS, "rounds=4", f"plugin_paths=[{folder}]", "algorithm.name=ext_prox:FedProx"]
+    )
+    try:
+        done = raycobo.run(cfg, tmp_path / "r")
+        before = json.loads((tmp_path / "r" / "summary.json").read_text())
+        assert before["status"] == "completed" and before["mean_loss"] is not None
+        broken = good.replace(
+            "    def round(self",
+            "    def round(self, *a):\n        raise RuntimeError('changed plugin')\n\n    def _old_round(self",
+            1,
+        )
+        assert broken != good
+        (folder / "ext_prox.py").write_text(broken)
+        sys.modules.pop("ext_prox", None)
+        with pytest.raises(Exception, match="changed plugin"):
+            raycobo.resume(tmp_path / "r", rounds=8)
+        after = json.loads((tmp_path / "r" / "summary.json").read_text())
+        ext = after.pop("extension")
+        assert after == before  # the finished run's record, as it was
+        assert ext["status"] == "failed" and "changed plugin" in ext["error"] and ext["rounds"] == 8
+        assert raycobo.load_run(tmp_path / "r").summary["mean_loss"] == done.summary["mean_loss"]
+        (folder / "ext_prox.py").write_text(good)
+        sys.modules.pop("ext_prox", None)
+        longer = raycobo.resume(tmp_path / "r", rounds=8)
+        assert longer.summary["status"] == "completed" and longer.summary["rounds"] == 8
+        assert "extension" not in longer.summary
+    finally:
+        sys.modules.pop("ext_prox", None)

@@ -101,6 +101,10 @@ def read_summary(path: Path) -> dict[str, Any] | None:
         return None
     if data.get("status") == "running" and not _locked(path / ".lock"):
         data = {**data, "status": "interrupted", "stale_running": True}
+    extension = data.get("extension")  # an extension killed before it could say so
+    running = isinstance(extension, dict) and extension.get("status") == "running"
+    if running and not _locked(path / ".lock"):
+        data = {**data, "extension": {**extension, "status": "interrupted"}}
     return data
 
 
@@ -246,15 +250,16 @@ class RunDir(BaseCallback):
                 keep = -1
             self._metrics = _CsvLog(self.path / "metrics.csv", METRIC_COLUMNS, keep)
             self._rounds = _CsvLog(self.path / "rounds.csv", None, keep)
-            self.write_summary(
-                {
-                    "status": "running",
-                    "pid": os.getpid(),
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    **self.identity(),
-                    "resumed_from_round": found.from_round if found is not None else None,
-                }
-            )
+            running = {
+                "status": "running",
+                "pid": os.getpid(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                **self.identity(),
+                "resumed_from_round": found.from_round if found is not None else None,
+            }
+            if self._extending():  # the finished run's summary stays until one replaces it
+                running = {**found.previous, "extension": running}
+            self.write_summary(running)
             return found
         except DiskFull:
             self.close()
@@ -455,6 +460,19 @@ class RunDir(BaseCallback):
                 mlflow_run_id = mlflow_run_id or found.mlflow_run_id
         last, history, before = progress
         latest = self.latest_checkpoint()
+        if self._extending():  # a failed extension leaves the finished run's summary as it was
+            extension = {
+                "status": status,
+                "error": error,
+                "last_round": last,
+                "rounds": self.cfg.rounds,
+                "checkpoint": str(latest) if latest is not None else None,
+            }
+            try:
+                self.write_summary({**found.previous, "extension": extension})
+            except OSError as err:
+                return last, f"{self.path / 'summary.json'} not written: {_why(err)}"
+            return last, None
         minimal = {
             "status": status,
             "error": error,
@@ -471,6 +489,12 @@ class RunDir(BaseCallback):
         with contextlib.suppress(OSError):
             self.write_summary(full)
         return last, None
+
+    def _extending(self) -> bool:
+        """This session extends a finished run (``--resume rounds=N``)."""
+        found = self.resume
+        previous = (found.previous or {}) if found is not None else {}
+        return previous.get("status") == "completed"
 
     def _close_logs(self) -> None:
         for log in (self._metrics, self._rounds):
