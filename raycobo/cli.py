@@ -52,7 +52,7 @@ def _guarded(debug: bool, fn, *args, **kwargs):
     except RunFailed as err:
         if debug:
             raise
-        _fail(str(err).splitlines()[0], code=1)
+        _fail(f"{str(err).splitlines()[0]}; rerun with --debug for the traceback", code=1)
     except KeyboardInterrupt as err:
         from raycobo.lifecycle.experiment import Terminated
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -548,7 +549,8 @@ def test_a_failed_extension_never_changes_the_finished_runs_summary(tmp_path):
         assert before["status"] == "completed" and before["mean_loss"] is not None
         broken = good.replace(
             "    def round(self",
-            "    def round(self, *a):\n        raise RuntimeError('changed plugin')\n\n    def _old_round(self",
+            "    def round(self, *a):\n        raise RuntimeError('changed plugin')\n\n"
+            "    def _old_round(self",
             1,
         )
         assert broken != good
@@ -568,3 +570,47 @@ def test_a_failed_extension_never_changes_the_finished_runs_summary(tmp_path):
         assert "extension" not in longer.summary
     finally:
         sys.modules.pop("ext_prox", None)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needle"),
+    [
+        (
+            "return state.w.expand(state.n, -1)",
+            "return state.w",
+            r"fedprox.eval_params returned shape \(\d+,\); expected a tensor of shape \(4, \d+\)",
+        ),
+        (
+            "    def collaboration(self, state: FedProxState) -> None:\n        return None",
+            "    def collaboration(self, state):\n        return [[1.0]]",
+            r"fedprox.collaboration returned list; expected a tensor of shape \(4, 4\)",
+        ),
+        (
+            "    def round(self",
+            "    def round(self, *a):\n        return [][1]\n\n    def _old(self",
+            r"IndexError: list index out of range \(at .*bad_\d+.py:\d+ in round\)"
+            r".*rerun with --debug",
+        ),
+    ],
+)
+def test_a_plugins_mistake_names_the_member_or_its_line(tmp_path, old, new, needle):
+    """(#39 item 9) A wrong shape or type from eval_params/collaboration names the member
+    and the shape expected; an exception inside a plugin names its file:line and says how
+    to see the traceback."""
+    folder = tmp_path / "plug"
+    folder.mkdir()
+    src = FEDPROX.read_text()
+    assert old in src
+    module = f"bad_{abs(hash(new)) % 10**8}"  # one per case: a searched folder stays searched
+    (folder / f"{module}.py").write_text(src.replace(old, new, 1))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"name: x\nplugin_paths: [plug]\nalgorithm: {{name: '{module}:FedProx'}}\n")
+    try:
+        res = CliRunner().invoke(
+            app, ["run", str(cfg), *DIGITS, "rounds=2", "-q", "--out", str(tmp_path / "o")]
+        )
+    finally:
+        sys.modules.pop(module, None)
+    assert res.exit_code == 1, res.output
+    (line,) = res.stderr.strip().splitlines()
+    assert re.search(needle, line), line

@@ -166,7 +166,31 @@ def evaluate(algo: Algorithm, state: Any, ops: ClientOps) -> Evaluation:
     if isinstance(algo, EvaluatesItself):
         return algo.evaluate(state, ops)
     clients = torch.arange(ops.n_clients, device=ops.device)
-    return ops.evaluate(clients, algo.eval_params(state))
+    params = algo.eval_params(state)
+    expect(algo, "eval_params", params, (ops.n_clients, ops.dim))
+    return ops.evaluate(clients, params)
+
+
+def expect(algo: Any, member: str, value: Any, shape: tuple[int, ...]) -> None:
+    """A method's answer of the wrong kind or shape, named (a plugin's mistake would
+    otherwise surface as torch's text from deep inside an engine)."""
+    if isinstance(value, torch.Tensor) and tuple(value.shape) == shape:
+        return
+    got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    raise TypeError(
+        f"{getattr(algo, 'name', type(algo).__name__)}.{member} returned {got}; expected a "
+        f"tensor of shape {shape}"
+    )
+
+
+def round_result(algo: Any, out: Any) -> tuple[Any, dict[str, float]]:
+    """``algo.round``'s answer, checked: (new state, statistics as a dict)."""
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+        raise TypeError(
+            f"{getattr(algo, 'name', type(algo).__name__)}.round returned "
+            f"{type(out).__name__}; expected (state, dict of round statistics)"
+        )
+    return out
 
 
 def all_clients(ops: ClientOps) -> torch.Tensor:

@@ -27,6 +27,8 @@ from raycobo.algorithms.base import (
     KeepsOwnAgreement,
     cluster_agreement,
     evaluate,
+    expect,
+    round_result,
 )
 from raycobo.state import load_into, state_tree
 
@@ -109,7 +111,9 @@ class LocalSession:
         self.state = load_into(self.algorithm.init(self.ops), tree)
 
     def round(self, t: int) -> dict[str, float]:
-        self.state, stats = self.algorithm.round(self.state, t, self.ops)
+        self.state, stats = round_result(
+            self.algorithm, self.algorithm.round(self.state, t, self.ops)
+        )
         return stats
 
     def evaluate(self) -> Evaluation:
@@ -119,7 +123,10 @@ class LocalSession:
         return self.algorithm.eval_params(self.state)
 
     def collaboration(self) -> torch.Tensor | None:
-        return self.algorithm.collaboration(self.state)
+        W = self.algorithm.collaboration(self.state)
+        if W is not None:
+            expect(self.algorithm, "collaboration", W, (self.ops.n_clients, self.ops.n_clients))
+        return W
 
     def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
         if isinstance(self.algorithm, KeepsOwnAgreement):  # e.g. a sparse W

@@ -183,7 +183,27 @@ def _restore_or_start(cfg: Config, session: Session, found: Resume | None) -> Ru
 def _reason(err: BaseException) -> str:
     if isinstance(err, KeyboardInterrupt):
         return "SIGTERM" if isinstance(err, Terminated) else "SIGINT"
-    return f"{type(err).__name__}: {err}"
+    return f"{type(err).__name__}: {err}{_user_frame(err)}"
+
+
+def _user_frame(err: BaseException) -> str:
+    """' (at FILE:LINE in FUNC)' for the innermost frame of the traceback in code that is
+    neither raycobo's nor an installed package's (a plugin), or ''."""
+    import sys
+    import traceback
+
+    ours = str(Path(__file__).resolve().parents[1])
+    installed = {str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix)}
+    frames = [
+        f
+        for f in traceback.extract_tb(err.__traceback__)
+        if not str(Path(f.filename).resolve()).startswith((ours, *installed))
+        and not f.filename.startswith("<")
+    ]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" (at {f.filename}:{f.lineno} in {f.name})"
 
 
 def _record_failure(err, writer: RunDir, ctx: RunContext, rs, start, callbacks):

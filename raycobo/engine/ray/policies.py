@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import Elastic, Evaluation, ExportsArtifacts, evaluate
+from raycobo.algorithms.base import Elastic, Evaluation, ExportsArtifacts, evaluate, round_result
 from raycobo.engine.ray.ops import AsyncGrads, RayClientOps
 from raycobo.state import load_into, state_tree
 
@@ -75,7 +75,7 @@ class SyncRounds:
         self.state = load_into(self.algo.init(self.ops), tree["state"])
 
     def round(self, t: int) -> dict[str, float]:
-        self.state, stats = self.algo.round(self.state, t, self.ops)
+        self.state, stats = round_result(self.algo, self.algo.round(self.state, t, self.ops))
         return stats
 
     def drop(self, clients: list[int], t: int) -> None:
