@@ -614,3 +614,14 @@ def test_a_plugins_mistake_names_the_member_or_its_line(tmp_path, old, new, need
     assert res.exit_code == 1, res.output
     (line,) = res.stderr.strip().splitlines()
     assert re.search(needle, line), line
+
+
+def test_a_plugin_compared_by_its_import_path_gets_a_plain_folder(tmp_path, plugins):
+    """(#39 item 19) `fp_mod:FedProx` as a compared entry wrote a folder with a colon in
+    its name; it is `fp_mod_FedProx` now (the table still says the entry's name)."""
+    cfg = load_config(None, [*DIGITS, f"plugin_paths=[{plugins}]"])
+    cmp = raycobo.compare(cfg, ["local", "fp_mod:FedProx"], out=tmp_path / "c")
+    assert [r["algorithm"] for r in cmp.rows] == ["local", "fp_mod:FedProx"]
+    folders = sorted(p.name for p in (tmp_path / "c").iterdir() if p.is_dir())
+    assert "fp_mod_FedProx" in folders and not any(":" in f for f in folders)
+    assert (tmp_path / "c" / "fp_mod_FedProx" / "summary.json").is_file()

@@ -70,6 +70,16 @@ def check_overrides(cfg: Config, entries: list[str]) -> None:
             )
 
 
+def entry_folder(root: Path, entry: str) -> Path:
+    """An entry's folder: its name with what a file name should not hold (a plugin's
+    ``module:Class``, slashes) as '_'; a comparison written before keeps its folders."""
+    import re
+
+    if ":" in entry and (root / entry).is_dir():
+        return root / entry
+    return root / re.sub(r"[^A-Za-z0-9._-]", "_", entry)
+
+
 def default_root(cfg: Config, root: Path = Path("runs")) -> Path:
     """A new folder ``runs/<time>-<name>-compare`` (made unique if two start at once)."""
     return fresh_dir(root / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.name}-compare")
@@ -93,11 +103,18 @@ def make_plan(
     if resume and (out is None or not (out / "config.yaml").is_file()):
         raise ConfigError(f"nothing to resume in {out}: no comparison config.yaml there")
     root = out if out is not None else default_root(cfg)
+    folders = {e: entry_folder(root, e) for e in entries}
+    shared = sorted({f.name for f in folders.values() if list(folders.values()).count(f) > 1})
+    if shared:
+        raise ConfigError(
+            f"compare: entries {', '.join(entries)} would share the folder(s) "
+            f"{', '.join(shared)}; rename a variant"
+        )
     root.mkdir(parents=True, exist_ok=True)
     plan = Plan(root, entries, seeds, configs)
     for e in entries:
         for s in seeds:
-            d = root / e / f"seed{s}" if len(seeds) > 1 else root / e
+            d = folders[e] / f"seed{s}" if len(seeds) > 1 else folders[e]
             old = read_summary(d) if resume else None
             if old is not None and old.get("status") == "completed":
                 plan.done[(e, s)] = Result(d, old)
