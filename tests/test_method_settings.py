@@ -170,9 +170,16 @@ def test_optional_capabilities_are_declared_not_probed(digits_cfg):
         "ExportsArtifacts": base.ExportsArtifacts,
         "KeepsOwnAgreement": base.KeepsOwnAgreement,
         "PlansAlignment": base.PlansAlignment,
+        "SizesItsState": base.SizesItsState,
     }
     expected = {
-        "cobo": {"Elastic", "ExportsArtifacts", "KeepsOwnAgreement", "PlansAlignment"},
+        "cobo": {
+            "Elastic",
+            "ExportsArtifacts",
+            "KeepsOwnAgreement",
+            "PlansAlignment",
+            "SizesItsState",
+        },
         "federico": {"EvaluatesItself"},
         "l2c": {"ExportsArtifacts"},
         "meta_l2c": {"ExportsArtifacts"},

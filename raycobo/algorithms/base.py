@@ -135,6 +135,15 @@ class EvaluatesItself(Protocol):
 
 
 @runtime_checkable
+class SizesItsState(Protocol):
+    """Says what its state takes for n clients of d parameters, by part (bytes; each
+    part named with the setting that shrinks it), so that an engine can refuse a run
+    that cannot fit before allocating anything."""
+
+    def state_bytes(self, n: int, d: int) -> dict[str, int]: ...
+
+
+@runtime_checkable
 class ExportsArtifacts(Protocol):
     """Learned extras saved beside the run (CoBo's sparse W, meta-L2C's encoder)."""
 

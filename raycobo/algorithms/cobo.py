@@ -452,6 +452,18 @@ class CoBo:
         W = SparseBoxWeights.ones(n, X.device) if sparse else initial_weights(n, c.domain, X.device)
         return CoBoState(X, W, scale=self.initial_scale(ops, X))
 
+    def state_bytes(self, n: int, d: int) -> dict[str, int]:
+        """x_i, their gradients and the next x_i (and the momentum's average), and a dense
+        W (n x n) where ``weights`` makes one."""
+        c = self.cfg
+        out = {"the clients' models (fewer clients or a smaller model)": 4 * n * d * 3}
+        if c.momentum > 0:
+            out["the momentum's averages (algorithm.momentum=0)"] = 4 * n * d
+        sparse = c.weights == "sparse" or (c.weights == "auto" and n > 2048 and c.domain == "box")
+        if not sparse:
+            out["a dense W (algorithm.weights=sparse)"] = 4 * n * n * 2
+        return out
+
     def initial_scale(self, ops: ClientOps, X: torch.Tensor) -> torch.Tensor | None:
         """alignment bounded: the clients' mean squared gradient norm at x^0 (one
         gradient each, on a minibatch of stream INIT), the unit of the cosine's floor."""

@@ -103,6 +103,9 @@ class LocalSession:
             torch.set_num_threads(self.threads)
 
     def start(self) -> None:
+        from raycobo.engine.memory import check_fits
+
+        check_fits(self.algorithm, self.n_clients, self.ops.dim, torch.device(self.ops.device))
         self._take_threads()
         self.state = self.algorithm.init(self.ops)
 

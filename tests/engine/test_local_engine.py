@@ -305,3 +305,22 @@ def test_engine_threads_hold_for_the_run_and_are_given_back(quad_cfg):
     session.round(0)
     session.close()
     assert torch.get_num_threads() == before
+
+
+def test_a_state_that_cannot_fit_is_refused_before_anything_is_allocated(monkeypatch, quad_cfg):
+    """(#39 item 12) 10^6 clients with a dense W asked for 4 TB at run time: refused with
+    the figure and the setting that fits; the sparse W (auto at that size) fits."""
+    from raycobo.algorithms.cobo import CoBo, CoBoConfig
+    from raycobo.config import ConfigError
+    from raycobo.engine import memory
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ConfigError, match=r"a dense W \(algorithm.weights=sparse\): 7,450\.6 GiB"):
+        memory.check_fits(CoBo(CoBoConfig(weights="dense"), 10, 0), 10**6, 10, cpu)
+    memory.check_fits(CoBo(CoBoConfig(), 10, 0), 10**6, 10, cpu)  # auto: sparse, 0.1 GiB
+    from raycobo.engine import LocalSession
+
+    _, ops, algo = build(quad_cfg("rounds=1"))
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1000)
+    with pytest.raises(ConfigError, match="more than the 0.0 GiB available"):
+        LocalSession(algo, ops).start()
