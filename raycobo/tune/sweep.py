@@ -9,6 +9,7 @@ config is written as ``best_config.yaml``, which ``raycobo run`` accepts as is.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import shutil
 import tempfile
@@ -208,8 +209,24 @@ def tune_digests(root: Path) -> dict[str, str]:
     return digests(root / "tune", skip=lambda p: "run" in p.relative_to(root / "tune").parts)
 
 
+def signed_record(root: Path, digests: dict[str, str]) -> dict[str, Any]:
+    """What a sweep signs when it stops: Tune's files and the resolved sweep (its base
+    config names the plugins a resume imports)."""
+    sweep = hashlib.sha256((root / SWEEP_FILE).read_bytes()).hexdigest()
+    return {"tune_digests": digests, "sweep_yaml": sweep}
+
+
 def check_tune_files(root: Path) -> None:
-    """Tune's files must be those this sweep recorded when it last stopped."""
+    """Tune's files and sweep.yaml must be those this sweep recorded and signed with
+    this user's key when it last stopped; no symbolic link anywhere under the sweep."""
+    from raycobo.lifecycle.trust import signed_by_me, symlinks
+
+    links = symlinks(root)
+    if links:
+        raise ConfigError(
+            f"refusing to resume {root}: {links[0]} is a symbolic link (a sweep writes none, "
+            "and Tune would read what it points to); --trust-files resumes anyway"
+        )
     state = json.loads((root / STATE_FILE).read_text()) if (root / STATE_FILE).is_file() else {}
     recorded = state.get("tune_digests")
     if recorded is None:
@@ -217,6 +234,13 @@ def check_tune_files(root: Path) -> None:
             f"refusing to resume {root}: {STATE_FILE} records no digests of Tune's files (the "
             "sweep was killed before it could write them); if you trust the directory, "
             "resume with --trust-files"
+        )
+    if not signed_by_me(signed_record(root, recorded), state.get("signature")):
+        raise ConfigError(
+            f"refusing to resume {root}: its record of Tune's files and {SWEEP_FILE} is not "
+            "signed with your key (written by someone else's raycobo, an older version, "
+            "or edited); Tune unpickles those files, so they are trusted like code "
+            "(--trust-files resumes anyway)"
         )
     now = tune_digests(root)
     changed = sorted(k for k in set(now) | set(recorded) if now.get(k) != recorded.get(k))
@@ -256,8 +280,11 @@ def _launch(spec, base, root: Path, name: str, samples: int, resume: bool) -> di
                 parent.on_run_end(RunContext(base, root), {"status": status})
         raise
     finally:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ConfigError):  # unsigned: resumed only if trusted
+            from raycobo.lifecycle.trust import sign
+
             state["tune_digests"] = tune_digests(root)
+            state["signature"] = sign(signed_record(root, state["tune_digests"]))
             (root / STATE_FILE).write_text(json.dumps(state))
     if parent is not None:
         status = "interrupted" if summary["interrupted"] else "completed"

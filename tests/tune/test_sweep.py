@@ -157,12 +157,17 @@ def test_a_sweep_can_be_resumed_from_its_directory(tmp_path):
     assert res.exit_code == 2 and "takes everything from the sweep's directory" in res.stderr
 
 
-def test_a_planted_tune_file_or_a_shared_directory_is_not_resumed(tmp_path):
+def test_a_planted_tune_file_or_a_shared_directory_is_not_resumed(tmp_path, monkeypatch):
     """Tune unpickles its state on restore, so a sweep directory is trusted like code: a
-    file swapped in (here a tuner.pkl whose unpickling would run a command) or a
-    directory other users can write is refused before Tune sees it."""
+    file swapped in (here a tuner.pkl whose unpickling would run a command) -- also with
+    its digest rewritten in sweep_state.json, since the record is signed with a key that
+    stays in the user's config folder --, a symbolic link, or a directory other users can
+    write is refused before Tune sees it."""
+    import hashlib
     import os
     import pickle
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
 
     path = write(tmp_path, "  algorithm.rho: {grid: [0.01]}")
     out = tmp_path / "sw"
@@ -179,7 +184,23 @@ def test_a_planted_tune_file_or_a_shared_directory_is_not_resumed(tmp_path):
     res = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
     assert res.exit_code == 2 and "Tune's files changed" in res.stderr and "tuner.pkl" in res.stderr
     assert not marker.exists()
+    state_file = out / "sweep_state.json"
+    signed = state_file.read_text()
+    state = json.loads(signed)
+    state["tune_digests"]["tuner.pkl"] = hashlib.sha256(pickle.dumps(Evil())).hexdigest()
+    state_file.write_text(json.dumps(state))  # the digest planted too: the signature fails
+    res = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
+    assert res.exit_code == 2 and "not signed with your key" in res.stderr, res.output
+    assert not marker.exists()
+    state_file.write_text(signed)
     (out / "tune" / "tuner.pkl").write_bytes(real)
+    planted = out / "tune" / "experiment_state-2099-01-01_00-00-00.json"
+    planted.symlink_to(tmp_path / "elsewhere.json")
+    res = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
+    assert res.exit_code == 2 and "is a symbolic link" in res.stderr, res.output
+    planted.unlink()
+    key = tmp_path / "config" / "raycobo" / "secret"
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
     os.chmod(out / "tune", 0o777)
     res = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
     assert res.exit_code == 2 and "writable by other users" in res.stderr
