@@ -140,6 +140,7 @@ def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals
         # extension's initialization (matplotlib's) surfaced as "ImportError:
         # initialization failed", a failed run instead of an interrupted one
         import raycobo.plots  # noqa: F401
+
         ctx.n_clients, ctx.clusters = session.n_clients, list(session.clusters)
         ctx.resumed_mlflow_run_id = found.mlflow_run_id if found is not None else None
         for cb in callbacks:
