@@ -412,9 +412,7 @@ def _set_all(tree: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, An
     # a plugin named here is looked up now: the config's plugin_paths (or one set in
     # these overrides) must be searched already
     paths = next((v for k, v in reversed(pairs) if k == "plugin_paths"), None)
-    paths = tree.get("plugin_paths") if paths is None else paths
-    if isinstance(paths, list):
-        add_search_paths([str(p) for p in paths])
+    _search(tree.get("plugin_paths") if paths is None else paths)
     section = tree.get("algorithm")
     switch = isinstance(section, dict) and section.get("name", "cobo") != new
     if isinstance(new, str) and switch:
@@ -426,10 +424,15 @@ def _set_all(tree: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, An
     return tree
 
 
+def _search(plugin_paths: Any) -> None:
+    """A config's plugin_paths on the Python path (a value that is no list is left to
+    validation to refuse)."""
+    if isinstance(plugin_paths, list):
+        add_search_paths([str(p) for p in plugin_paths])
+
+
 def validate(tree: dict[str, Any]) -> Config:
-    paths = tree.get("plugin_paths") or []
-    if isinstance(paths, list):
-        add_search_paths([str(p) for p in paths])
+    _search(tree.get("plugin_paths"))
     section = tree.get("algorithm")
     if isinstance(section, dict):
         section.setdefault("name", "cobo")  # the default method chooses the settings

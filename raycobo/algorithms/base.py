@@ -134,6 +134,10 @@ class EvaluatesItself(Protocol):
     def evaluate(self, state: Any, ops: ClientOps) -> Evaluation: ...
 
 
+# the part every method's state has, as SizesItsState names it
+MODELS = "the clients' models (fewer clients or a smaller model)"
+
+
 @runtime_checkable
 class SizesItsState(Protocol):
     """Says what its state takes for n clients of d parameters, by part (bytes; each
@@ -186,20 +190,21 @@ def expect(algo: Any, member: str, value: Any, shape: tuple[int, ...]) -> None:
     if isinstance(value, torch.Tensor) and tuple(value.shape) == shape:
         return
     got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-    raise TypeError(
-        f"{getattr(algo, 'name', type(algo).__name__)}.{member} returned {got}; expected a "
-        f"tensor of shape {shape}"
-    )
+    raise TypeError(f"{_label(algo)}.{member} returned {got}; expected a tensor of shape {shape}")
 
 
 def round_result(algo: Any, out: Any) -> tuple[Any, dict[str, float]]:
     """``algo.round``'s answer, checked: (new state, statistics as a dict)."""
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
         raise TypeError(
-            f"{getattr(algo, 'name', type(algo).__name__)}.round returned "
-            f"{type(out).__name__}; expected (state, dict of round statistics)"
+            f"{_label(algo)}.round returned {type(out).__name__}; expected (state, dict of "
+            "round statistics)"
         )
     return out
+
+
+def _label(algo: Any) -> str:
+    return getattr(algo, "name", type(algo).__name__)
 
 
 def all_clients(ops: ClientOps) -> torch.Tensor:

@@ -40,7 +40,7 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 
 from raycobo import rng
-from raycobo.algorithms.base import ClientOps
+from raycobo.algorithms.base import MODELS, ClientOps
 from raycobo.algorithms.projections import project_box, project_simplex
 from raycobo.algorithms.samplers import EdgeSampler
 from raycobo.algorithms.settings import MethodConfig
@@ -443,7 +443,7 @@ class CoBo:
         else:
             X = ops.initial_params().expand(n, -1).clone()  # x_i^0 = x^0 (Algorithm 1)
         self.penalty(n)  # an explicit rho beyond the stability bound stops here
-        sparse = c.weights == "sparse" or (c.weights == "auto" and n > 2048 and c.domain == "box")
+        sparse = self.sparse_w(n)
         if sparse and c.domain != "box":
             raise ConfigError(
                 "invalid config key 'algorithm.weights': sparse W needs algorithm.domain=box "
@@ -456,13 +456,17 @@ class CoBo:
         """x_i, their gradients and the next x_i (and the momentum's average), and a dense
         W (n x n) where ``weights`` makes one."""
         c = self.cfg
-        out = {"the clients' models (fewer clients or a smaller model)": 4 * n * d * 3}
+        out = {MODELS: 4 * n * d * 3}
         if c.momentum > 0:
             out["the momentum's averages (algorithm.momentum=0)"] = 4 * n * d
-        sparse = c.weights == "sparse" or (c.weights == "auto" and n > 2048 and c.domain == "box")
-        if not sparse:
+        if not self.sparse_w(n):
             out["a dense W (algorithm.weights=sparse)"] = 4 * n * n * 2
         return out
+
+    def sparse_w(self, n: int) -> bool:
+        """Whether W is kept sparse for n clients (``weights``; auto: above 2,048, box)."""
+        c = self.cfg
+        return c.weights == "sparse" or (c.weights == "auto" and n > 2048 and c.domain == "box")
 
     def initial_scale(self, ops: ClientOps, X: torch.Tensor) -> torch.Tensor | None:
         """alignment bounded: the clients' mean squared gradient norm at x^0 (one

@@ -101,13 +101,13 @@ def check_fits(algorithm, n: int, d: int, device: torch.device) -> None:
     """Refuse, before anything is allocated, a run whose state cannot fit: the parts an
     algorithm reports (``SizesItsState``; else its clients' models) against the memory
     available now, with the figures and the setting that shrinks each part."""
-    from raycobo.algorithms.base import SizesItsState
+    from raycobo.algorithms.base import MODELS, SizesItsState
     from raycobo.settings import ConfigError
 
     if isinstance(algorithm, SizesItsState):
         parts = algorithm.state_bytes(n, d)
     else:
-        parts = {"the clients' models (fewer clients or a smaller model)": 4 * n * d * 2}
+        parts = {MODELS: 4 * n * d * 2}
     need, have = sum(parts.values()), available_bytes(device)
     if need > 0.9 * have:
         shown = "; ".join(f"{k}: {v / 2**30:,.1f} GiB" for k, v in parts.items())

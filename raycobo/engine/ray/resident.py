@@ -285,7 +285,8 @@ class ResidentRounds:
         self.blocks_read[1] += H * H
         live = ops.live_hosts()  # dropped hosts hold no present client
         grads = {h: self._phase1(h, t, ends, members, blocks) for h in live}
-        steps = {h: self._phase2(h, t, edges, ends, grads, W_host, blocks) for h in live}
+        hyper = self._hyper(t)  # the same for every host
+        steps = {h: self._phase2(h, hyper, edges, ends, grads, W_host, blocks) for h in live}
         ops.coordination_s += time.perf_counter() - t0
         after = list(blocks)  # x^{t+1}: the live hosts' new blocks, the dropped hosts' last
         for h, (_, block) in steps.items():
@@ -306,28 +307,25 @@ class ResidentRounds:
             *(blocks[k] for k in need),
         )
 
+    def _hyper(self, t: int) -> tuple:
+        """Round t's step settings as the hosts' ``res_update`` reads them."""
+        algo, c, state = self.algo, self.algo.cfg, self._state()
+        rho = algo.penalty(self.ops.n_clients)
+        gamma = algo.gamma_at(t, algo.present(state))
+        return (c.lr, rho, gamma, c.domain, c.alignment, algo.floor(state), c.pull)
+
     def _phase2(
-        self, h, t: int, edges, ends: _Endpoints, grads: dict, W_host, blocks: list
+        self, h, hyper: tuple, edges, ends: _Endpoints, grads: dict, W_host, blocks: list
     ) -> tuple:
         """Host h's Eq. (1) on its W rows and Eq. (3) over the models it weighs
         (``res_update``): both endpoints' phase-1 gradients read host to host."""
-        algo, c, E = self.algo, self.algo.cfg, edges.shape[0]
+        E = edges.shape[0]
         hi, hj = self.ops.owner[edges[:, 0]], self.ops.owner[edges[:, 1]]
         e = torch.nonzero((hi == h) | (hj == h)).flatten()
         # phase-1 answers read (its own always: phase 2 must follow this round's phase 1)
         src = sorted(set(hi[e].tolist()) | set(hj[e].tolist()) | {h})
         linked = torch.nonzero(W_host[h]).flatten().tolist()
         present = None if self.active is None else self.active.numpy()
-        rho = algo.penalty(self.ops.n_clients)
-        hyper = (
-            c.lr,
-            rho,
-            algo.gamma_at(t, algo.present(self._state())),
-            c.domain,
-            c.alignment,
-            algo.floor(self._state()),
-            c.pull,
-        )
         return (
             self.ops.hosts[h]
             .res_update.options(num_returns=2)
