@@ -34,13 +34,21 @@ def heatmap(ax, W: np.ndarray, clusters: list[int | None], title: str) -> Any:
         ax.axvline(b, color="white", lw=0.6)
     ax.set_title(title, fontsize=9)
     n = W.shape[0]
-    if n <= 24:
-        ax.set_xticks(range(n), [str(i) for i in order], fontsize=6)
-        ax.set_yticks(range(n), [str(i) for i in order], fontsize=6)
-    else:
-        ax.set_xticks([])
-        ax.set_yticks([])
+    # client ids (in cluster order) where they fit side by side; else every k-th
+    every = max(1, -(-n // 12))
+    ticks = list(range(0, n, every))
+    ax.set_xticks(ticks, [str(order[i]) for i in ticks], fontsize=6, rotation=90)
+    ax.set_yticks(ticks, [str(order[i]) for i in ticks], fontsize=6)
+    ax.set_xlabel("client j", fontsize=7)
+    ax.set_ylabel("client i", fontsize=7)
     return im
+
+
+# the note under every W figure: what the blank diagonal and the white lines are
+HEATMAP_NOTE = (
+    "row i: client i's weights w_ij; clients ordered by true cluster, white lines between "
+    "clusters; the diagonal is blank (w_ii is not learned)"
+)
 
 
 def plot_collaboration(
@@ -96,7 +104,7 @@ def plot_curves_band(path: Path, runs: dict[str, list[list[dict[str, Any]]]]) ->
             vals = np.array(
                 [[np.nan if h.get(key) is None else h[key] for h in hs] for hs in histories],
                 dtype=float,
-            )
+            ) * (100.0 if key == "mean_accuracy" else 1.0)  # accuracy in %, as in the tables
             mean = np.nanmean(vals, axis=0)
             (line,) = ax.plot(rounds, mean, label=name)
             if len(histories) > 1:
@@ -104,7 +112,7 @@ def plot_curves_band(path: Path, runs: dict[str, list[list[dict[str, Any]]]]) ->
                 ax.fill_between(rounds, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
     for ax, key in zip(axes[0], keys, strict=True):
         ax.set_xlabel("round")
-        ax.set_ylabel(key.replace("_", " "))
+        ax.set_ylabel("mean accuracy (%)" if key == "mean_accuracy" else "mean loss")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         if key == "mean_loss" and not has_acc:
@@ -147,12 +155,13 @@ def plot_distribution(path: Path, values: dict[str, list[float]]) -> None:
     """Per-client final accuracy of each method (box plot with the points)."""
     names = list(values)
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.6))
-    ax.boxplot([values[n] for n in names], showfliers=False)
+    pct = {n: [100.0 * v for v in values[n]] for n in names}  # in %, as in the tables
+    ax.boxplot([pct[n] for n in names], showfliers=False)
     for k, n in enumerate(names, start=1):
-        xs = np.full(len(values[n]), k) + np.linspace(-0.15, 0.15, len(values[n]))
-        ax.scatter(xs, values[n], s=8, alpha=0.6)
+        xs = np.full(len(pct[n]), k) + np.linspace(-0.15, 0.15, len(pct[n]))
+        ax.scatter(xs, pct[n], s=8, alpha=0.6)
     ax.set_xticks(range(1, len(names) + 1), names, rotation=30)
-    ax.set_ylabel("client test accuracy")
+    ax.set_ylabel("client test accuracy (%)")
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -185,11 +194,11 @@ def plot_communication(path: Path, points: dict[str, tuple[float, float]]) -> No
     """Final accuracy against megabytes sent over the run (FedSep Figure 2)."""
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for name, (mb, acc) in points.items():
-        ax.scatter([mb], [acc], s=30)
-        ax.annotate(name, (mb, acc), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.scatter([mb], [100.0 * acc], s=30)
+        ax.annotate(name, (mb, 100.0 * acc), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("megabytes sent (both ways, whole run)")
-    ax.set_ylabel("final mean test accuracy")
+    ax.set_ylabel("final mean test accuracy (%)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -217,3 +217,31 @@ def test_an_interrupt_exits_130_and_says_where(tmp_path, cfg_file, monkeypatch):
     assert res.stderr.strip().splitlines() == [
         "error: interrupted; partial results and checkpoints were kept in the run directory"
     ]
+
+
+def test_a_run_into_a_log_file_shows_each_evaluation(tmp_path, cfg_file):
+    """Output not a terminal (a batch job's log): one plain line per evaluation, and the
+    run's summary names the command it came from."""
+    out = tmp_path / "r"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raycobo",
+            "run",
+            str(cfg_file),
+            *QUAD,
+            "--out",
+            str(out),
+            "--no-tracking",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    lines = [x for x in res.stderr.splitlines() if ": round " in x]
+    assert [x.split("round ")[1].split()[0] for x in lines] == ["10/30", "20/30", "30/30"]
+    assert all("loss" in x and x.rstrip().endswith("s)") for x in lines)
+    prov = json.loads((out / "summary.json").read_text())["provenance"]
+    assert prov["command"].startswith("raycobo run ") and "--no-tracking" in prov["command"]

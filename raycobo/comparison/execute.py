@@ -12,6 +12,7 @@ from raycobo.comparison.plan import Job
 from raycobo.config import Config
 from raycobo.lifecycle import Result, RunFailed, run_experiment
 from raycobo.lifecycle.callbacks import Callback
+from raycobo.lifecycle.provenance import provenance
 from raycobo.lifecycle.run_dir import read_summary
 
 
@@ -26,15 +27,23 @@ def run_one(
 
 
 def _run_remote(
-    cfg_dict: dict[str, Any], run_dir: str, callbacks: list[Callback], again: bool, threads: int
+    cfg_dict: dict[str, Any],
+    run_dir: str,
+    callbacks: list[Callback],
+    again: bool,
+    threads: int,
+    driver: dict[str, Any],
 ) -> Result:
     """One job in a Ray worker. Without engine.threads the run takes the task's CPUs as
     torch threads (torch's own default is every core: two such jobs on 2 cores ran 3x
-    slower than one)."""
+    slower than one). ``driver``: the submitting command's provenance (the run records
+    that command, not the Ray worker's)."""
     import torch
 
     from raycobo.config import validate
+    from raycobo.lifecycle.provenance import launched_by
 
+    launched_by(driver)
     cfg = validate(cfg_dict)
     if cfg.engine.threads is None:
         torch.set_num_threads(threads)
@@ -69,6 +78,7 @@ def run_parallel(
 
     first = jobs[0].cfg
     start_ray(first)
+    driver = provenance()
     task = ray.remote(num_cpus=cpus_per_run)(_run_remote)
     refs = {
         (j.entry, j.seed): task.options(**plugin_options(j.cfg)).remote(
@@ -77,6 +87,7 @@ def run_parallel(
             make_callbacks(j.entry),
             j.again,
             max(1, int(cpus_per_run)),
+            driver,
         )
         for j in jobs
     }

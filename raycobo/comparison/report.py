@@ -4,20 +4,25 @@
   ``plots/collaboration.png`` (W of every method at chosen rounds, side by side),
   ``plots/client_accuracy.png`` (per-client accuracy distribution),
   ``plots/communication.png`` (accuracy against megabytes sent, when counted);
-- ``report.html``: the table, the plots and the resolved configs.
+- ``report.html``: one self-contained page: the table, the plots (embedded), the
+  settings the entries share and where they differ, and where the result came from.
 """
 
 from __future__ import annotations
 
+import base64
 import html
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from raycobo.algorithms.settings import MethodConfig
 from raycobo.comparison.table import html_table
 from raycobo.config import Config
 from raycobo.lifecycle import Result
+from raycobo.lifecycle.provenance import describe, provenance
 
 
 def write_compare_plots(
@@ -65,6 +70,83 @@ def write_compare_plots(
     return written
 
 
+# what each figure shows, under it in the report (keyed by file stem)
+CAPTIONS = {
+    "curves": "Mean accuracy (%) and loss over clients against rounds; mean over seeds, "
+    "the band one standard deviation.",
+    "collaboration": "The learned collaboration weights W at chosen rounds (first seed).",
+    "client_accuracy": "Each client's accuracy (%) at the last round, all seeds.",
+    "communication": "Final mean accuracy (%) against the megabytes sent over the run.",
+}
+
+
+def _embedded(path: Path) -> str:
+    """An image as a data URI: the report is one file, readable wherever it is copied
+    (MLflow's artifact view, mail, a supplement)."""
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f"data:image/png;base64,{data}"
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def _settings(c: Config) -> dict[str, Any]:
+    """A config's keys that say something: the method's own settings (all of them, with
+    its rule's values filled in) and every other key that differs from the default."""
+    algo = c.algorithm
+    own = algo.effective() if isinstance(algo, MethodConfig) else algo.model_dump(mode="json")
+    rest = {k: v for k, v in c.to_dict().items() if k not in ("algorithm", "seed")}
+    defaults = {k: v for k, v in Config().to_dict().items() if k not in ("algorithm", "seed")}
+    base = _flat(defaults)
+    kept = {k: v for k, v in _flat(rest).items() if k not in base or base[k] != v}
+    return {**kept, **{f"algorithm.{k}": v for k, v in own.items()}}
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else json.dumps(value) if not isinstance(value, str) else value
+
+
+def settings_tables(cfgs: dict[tuple[str, int], Config]) -> str:
+    """What the entries share (one list) and where they differ (one column per entry);
+    keys at their defaults that a method or data set does not read are left out."""
+    esc = html.escape
+    per_entry: dict[str, dict[str, Any]] = {}
+    for (entry, _seed), c in cfgs.items():
+        per_entry.setdefault(entry, _settings(c))
+    keys = sorted({k for s in per_entry.values() for k in s})
+    shared = {
+        k: next(iter(per_entry.values()))[k]
+        for k in keys
+        if all(k in s for s in per_entry.values())
+        and len({json.dumps(s[k], sort_keys=True) for s in per_entry.values()}) == 1
+    }
+    differ = [k for k in keys if k not in shared]
+    out = ["<h3>Shared by every entry</h3><table class=kv>"]
+    out += [f"<tr><th>{esc(k)}</th><td>{esc(_show(v))}</td></tr>" for k, v in shared.items()]
+    out.append("</table>")
+    if differ:
+        names = list(per_entry)
+        out.append("<h3>Where the entries differ</h3><div class=scroll><table><tr><th>key</th>")
+        out += [f"<th>{esc(n)}</th>" for n in names]
+        out.append("</tr>")
+        for k in differ:
+            cells = "".join(
+                f"<td>{esc(_show(per_entry[n][k])) if k in per_entry[n] else ''}</td>"
+                for n in names
+            )
+            out.append(f"<tr><th>{esc(k)}</th>{cells}</tr>")
+        out.append("</table></div><p class=note>blank: the key is not one of that method's.</p>")
+    return "".join(out)
+
+
 def write_report(
     root: Path,
     cfg: Config,
@@ -72,30 +154,56 @@ def write_report(
     plot_files: list[Path],
     cfgs: dict[tuple[str, int], Config],
 ) -> Path:
+    """``report.html``: one self-contained page (images embedded) with the table, the
+    plots, the settings and where the result came from."""
+    from raycobo.plots import HEATMAP_NOTE
+
     esc = html.escape
-    imgs = "".join(
-        f'<figure><img src="plots/{esc(p.name)}" alt="{esc(p.stem)}"><figcaption>{esc(p.stem)}'
-        "</figcaption></figure>"
-        for p in plot_files
-    )
-    configs = "".join(
-        f"<details><summary>{esc(e)} (seed {s})</summary><pre>{esc(c.to_yaml())}</pre></details>"
-        for (e, s), c in cfgs.items()
-    )
+    figures = []
+    for p in plot_files:
+        caption = CAPTIONS.get(p.stem, p.stem.replace("_", " "))
+        if p.stem == "collaboration":
+            caption += " " + HEATMAP_NOTE[0].upper() + HEATMAP_NOTE[1:] + "."
+        figures.append(
+            f'<figure><img src="{_embedded(p)}" alt="{esc(caption)}">'
+            f"<figcaption>{esc(caption)}</figcaption></figure>"
+        )
     seeds = ", ".join(map(str, sorted({x for r in rows for x in r["seeds"]})))
+    target = cfg.compare.target_accuracy
+    reads = [
+        "Accuracy: mean over clients at the last round, in % (mean over seeds).",
+        "Imp.: the share of clients (%) whose accuracy beats their Local model's.",
+        "Worst 10/20 %: mean accuracy (%) of the weakest clients.",
+    ]
+    if target is not None:
+        reads.append(f"Rounds to target: the first evaluation at or above {100 * target:g} %.")
+    if any(r.get("megabytes_sent") is None for r in rows) and any(
+        r.get("megabytes_sent") is not None for r in rows
+    ):
+        reads.append("Sent: n/a where a method does not count what it sends.")
+    reads.append(
+        "Wall: seconds per entry; the first entry run in a process also pays the one-time "
+        "start-up (imports, data loading)."
+    )
+    record = provenance()
     page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>raycobo compare: {esc(cfg.name)}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>raycobo compare: {esc(cfg.name)}</title>
+<style>body{{font-family:sans-serif;margin:1em auto;max-width:1100px;padding:0 1em}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
+table.kv th,table.kv td{{text-align:left}}.scroll{{overflow-x:auto}}img{{max-width:100%}}
+.note,figcaption,.prov{{color:#555;font-size:90%}}</style>
 </head><body>
 <h1>{esc(cfg.name)}: {esc(", ".join(r["algorithm"] for r in rows))}</h1>
+<p class=prov>{esc(describe(record))}<br>command: <code>{esc(record["command"])}</code></p>
 <p>{esc(cfg.data.name)} / {esc(cfg.data.partition.kind)}, {cfg.rounds} rounds, seeds
-{esc(seeds)}. Accuracy: mean over clients at the last round (mean over seeds);
-Imp.: share of clients beating Local; worst 10/20 %: mean accuracy of the weakest clients;
-rounds to target: first evaluation at or above {cfg.compare.target_accuracy}.</p>
-<h2>Results</h2>{html_table(rows)}
-<h2>Plots</h2>{imgs}
-<h2>Resolved configs</h2>{configs}
+{esc(seeds)}.</p>
+<h2>Results</h2><div class=scroll>{html_table(rows)}</div>
+<p class=note>{"<br>".join(esc(x) for x in reads)}</p>
+<h2>Plots</h2>{"".join(figures)}
+<h2>Settings</h2>{settings_tables(cfgs)}
+<p class=note>Each run's full resolved config is config.yaml in its run directory.</p>
 </body></html>
 """
     path = root / "report.html"

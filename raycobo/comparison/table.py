@@ -162,19 +162,31 @@ def _present(key: str) -> Callable[[list[dict[str, Any]]], bool]:
     return lambda rows: any(r.get(key) is not None for r in rows)
 
 
-# the markdown and HTML table (every column)
+def _sent(r: dict[str, Any]) -> str:
+    """Megabytes sent, in human units; n/a for a method that does not count them."""
+    mb = r.get("megabytes_sent")
+    if mb is None:
+        return "n/a" if r["seeds"] else "-"
+    return f"{mb / 1000:.3g} GB" if mb >= 1000 else f"{mb:.3g} MB"
+
+
+IMPROVED = "Imp. vs Local (%)"
+
+# the markdown and HTML table (the columns some row has a value in)
 FULL = [
     Column("algorithm", lambda r: r["algorithm"]),
     Column("accuracy (%)", lambda r: _accuracy(r, 1)),
-    Column("loss", _num("mean_loss", ".3f")),
-    Column("perplexity", _num("mean_perplexity", ".3g")),
-    Column("Imp. (%)", _num("improved_vs_local", ".0f")),
-    Column("worst 10 %", _num("worst10_accuracy", ".1f", 100)),
-    Column("worst 20 %", _num("worst20_accuracy", ".1f", 100)),
-    Column("client std", _num("client_std_accuracy", ".1f", 100)),
-    Column("rounds to target", _num("rounds_to_target", ".0f")),
+    Column("loss", _num("mean_loss", ".3f"), _present("mean_loss")),
+    Column("perplexity", _num("mean_perplexity", ".3g"), _present("mean_perplexity")),
+    Column(IMPROVED, _num("improved_vs_local", ".0f"), _present("improved_vs_local")),
+    Column("worst 10 % (%)", _num("worst10_accuracy", ".1f", 100), _present("worst10_accuracy")),
+    Column("worst 20 % (%)", _num("worst20_accuracy", ".1f", 100), _present("worst20_accuracy")),
+    Column(
+        "client std (%)", _num("client_std_accuracy", ".1f", 100), _present("client_std_accuracy")
+    ),
+    Column("rounds to target", _num("rounds_to_target", ".0f"), _present("rounds_to_target")),
     Column("wall (s)", _num("wall_seconds", ".1f")),
-    Column("sent (MB)", _num("megabytes_sent", ".3g")),
+    Column("sent", _sent, _present("megabytes_sent")),
 ]
 
 
@@ -191,9 +203,9 @@ SHORT = [
     Column("algorithm", lambda r: r["algorithm"]),
     Column("accuracy (%)", _terminal_accuracy),
     Column("loss", _num("mean_loss", ".4f")),
-    Column("Imp. vs local (%)", _num("improved_vs_local", ".0f")),
+    Column(IMPROVED, _num("improved_vs_local", ".0f")),
     Column("wall (s)", _num("wall_seconds", ".1f")),
-    Column("sent (MB)", _num("megabytes_sent", ".3g"), _present("megabytes_sent")),
+    Column("sent", _sent, _present("megabytes_sent")),
     Column("perplexity", _num("mean_perplexity", ".2f"), _present("mean_perplexity")),
 ]
 

@@ -24,6 +24,8 @@ class RunContext:
     checkpoint: tuple[int, Path] | None = None
     # a resumed run: the MLflow run of the run before it (tracking continues it)
     resumed_mlflow_run_id: str | None = None
+    # where and how the run was started (raycobo.lifecycle.provenance)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def join(self, clients: list[int]) -> None:
         """Let ``clients`` join before the next round (algorithms with elastic clients)."""

@@ -129,7 +129,7 @@ def run_experiment(
 
 
 def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals) -> Result:
-    ctx = RunContext(cfg, writer.path)
+    ctx = RunContext(cfg, writer.path, provenance=writer.provenance)
     start = time.perf_counter()
     session: Session | None = None
     rs: RunState | None = None
@@ -254,6 +254,7 @@ def _finish(cfg, session: Session, task: Task, ctx, rs: RunState, found, start, 
         "resumed_from_round": found.from_round if found is not None else None,
         "wall_seconds": rs.wall_before + time.perf_counter() - start,
         "mlflow_run_id": ctx.mlflow_run_id,
+        "provenance": ctx.provenance,
         **session.report(),
     }
     if W_np is not None:

@@ -1,8 +1,10 @@
-"""A progress bar over rounds (rich), off when output is not a terminal."""
+"""Progress over rounds: a bar (rich) on a terminal; elsewhere (a batch job's log, a
+pipe, ``> log``) one plain line at each evaluation."""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from rich.console import Console
@@ -10,15 +12,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class RoundProgress:
-    def __init__(self, label: str, enabled: bool | None = None):
+    """``enabled``: the bar (default: when stderr is a terminal); without it, plain lines
+    at each evaluation unless ``lines`` is False."""
+
+    def __init__(self, label: str, enabled: bool | None = None, lines: bool = True):
         self.label = label
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.lines = lines and not self.enabled
         self._p: Progress | None = None
         self._task = None
         self._last = ""
+        self._total = 0
+        self._done = 0
+        self._t0 = 0.0
 
     def start(self, total: int, done: int = 0) -> None:
         """A bar of ``total`` rounds, ``done`` of them already (a resumed run)."""
+        self._total, self._done, self._t0 = total, done, time.monotonic()
         if not self.enabled:
             return
         self._p = Progress(
@@ -34,15 +44,25 @@ class RoundProgress:
         self._task = self._p.add_task(self.label, total=total, completed=done, info="")
 
     def advance(self, stats: dict[str, float], row: dict[str, Any] | None) -> None:
-        if self._p is None:
-            return
+        self._done += 1
         if row is not None:
             acc = row.get("mean_accuracy")
             self._last = (
-                f"acc {acc:.3f}" if acc is not None else f"loss {row.get('mean_loss', 0):.3g}"
+                f"acc {100 * acc:.2f} %"
+                if acc is not None
+                else f"loss {row.get('mean_loss', 0):.4g}"
             )
-        info = f"train {stats.get('train_loss', float('nan')):.3g}  {self._last}"
-        self._p.update(self._task, advance=1, info=info)
+        train = f"train {stats.get('train_loss', float('nan')):.3g}"
+        if self._p is not None:
+            self._p.update(self._task, advance=1, info=f"{train}  {self._last}")
+        elif self.lines and row is not None:  # a log reader sees each evaluation
+            elapsed = time.monotonic() - self._t0
+            print(
+                f"{self.label}: round {self._done}/{self._total}  {self._last}  {train}  "
+                f"({elapsed:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def stop(self) -> None:
         if self._p is not None:

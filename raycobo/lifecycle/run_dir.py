@@ -40,6 +40,7 @@ from raycobo.config import Config, ConfigError
 from raycobo.lifecycle import checkpoint as ckpt
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 from raycobo.lifecycle.files import DiskFull, atomic_write, atomic_write_text, remove_stale_temps
+from raycobo.lifecycle.provenance import provenance
 from raycobo.lifecycle.trust import check_trusted
 
 METRIC_COLUMNS = ["round", "client", "cluster", "accuracy", "loss"]
@@ -219,6 +220,7 @@ class RunDir(BaseCallback):
         self._rounds: _CsvLog | None = None
         self.started = time.time()
         self.resume: Resume | None = None
+        self.provenance = provenance()  # who ran this, where, with which code
 
     # -- life cycle ------------------------------------------------------------------------
     def open(self, resume: bool) -> Resume | None:
@@ -377,6 +379,7 @@ class RunDir(BaseCallback):
             "engine": c.engine.kind,
             "seed": c.seed,
             "rounds": c.rounds,
+            "provenance": self.provenance,
         }
 
     def write_summary(self, summary: dict[str, Any]) -> None:

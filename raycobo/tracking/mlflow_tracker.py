@@ -22,6 +22,7 @@ from typing import Any
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.config import TrackingConfig
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
+from raycobo.lifecycle.provenance import mlflow_tags, provenance
 
 _MAX_BATCH = 100
 
@@ -157,6 +158,7 @@ class MLflowTracker(BaseCallback):
             tags = {
                 "raycobo.algorithm": ctx.cfg.algorithm.name,
                 "raycobo.lifecycle.run_dir": str(ctx.run_dir.resolve()),
+                **mlflow_tags(ctx.provenance or provenance()),
             }
             parent = self.parent.run_id if isinstance(self.parent, MLflowTracker) else self.parent
             parent = parent or ctx.parent_run_id

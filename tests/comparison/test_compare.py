@@ -3,14 +3,18 @@ report references every plot; variants and seeds."""
 
 from __future__ import annotations
 
+import base64
 import json
+import platform
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import raycobo
 from raycobo.cli import app
 from raycobo.comparison import TABLE_COLUMNS
 from raycobo.config import load_config
@@ -35,9 +39,10 @@ CSV_COLUMNS = [
     "failed",
     "run_dirs",
 ]
+# columns no row has a value in (perplexity, sent) are left out
 MD_HEADER = (
-    "| algorithm | accuracy (%) | loss | perplexity | Imp. (%) | worst 10 % | worst 20 % | "
-    "client std | rounds to target | wall (s) | sent (MB) |"
+    "| algorithm | accuracy (%) | loss | Imp. vs Local (%) | worst 10 % (%) | worst 20 % (%) | "
+    "client std (%) | rounds to target | wall (s) |"
 )
 
 
@@ -110,12 +115,33 @@ def test_two_algorithms_two_seeds_table_matches_runs(tmp_path):
         ]
     )
     assert rows[1]["improved_vs_local"] == imp and rows[0]["improved_vs_local"] is None
-    report = (out / "report.html").read_text()
     plots = sorted(p.name for p in (out / "plots").glob("*.png"))
     assert {"curves.png", "collaboration.png", "client_accuracy.png"} <= set(plots)
-    for name in plots:
-        assert f'src="plots/{name}"' in report
-    assert len(re.findall(r"<tr>", report)) == 3  # header + 2 rows
+    # the report is one file: read from a copy elsewhere, every image is inside it
+    copy = tmp_path / "elsewhere" / "report.html"
+    copy.parent.mkdir()
+    shutil.copy(out / "report.html", copy)
+    report = copy.read_text()
+    images = re.findall(r'<img src="([^"]+)"', report)
+    assert len(images) == len(plots)
+    for src in images:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    results = report[report.index("<h2>Results</h2>") : report.index("<h2>Plots</h2>")]
+    assert len(re.findall(r"<tr>", results)) == 3  # header + 2 rows
+    assert "None" not in report and 'name="viewport"' in report
+    assert "first evaluation at or above 20 %" in report  # the target in the table's unit
+    # provenance: the version, the command, the machine
+    assert f"raycobo {raycobo.__version__}" in report and "command: <code>" in report
+    assert platform.node() in report
+    # settings: what the entries share once, where they differ side by side
+    shared = report[report.index("Shared by every entry") : report.index("Where the entries")]
+    assert "data.name" in shared and "digits" in shared and "data.dim" not in shared
+    differ = report[report.index("Where the entries differ") :]
+    assert "algorithm.name" in differ and "algorithm.gamma" in differ
+    summary = json.loads((out / "cobo" / "seed0" / "summary.json").read_text())
+    assert summary["provenance"]["raycobo_version"] == raycobo.__version__
+    assert summary["provenance"]["host"] == platform.node()
     assert "| cobo |" in (out / "comparison.md").read_text()
 
 
@@ -179,6 +205,9 @@ def test_parallel_compare_gives_the_sequential_numbers(tmp_path):
             b = json.loads((par / algo / f"seed{seed}" / "summary.json").read_text())
             for key in ("wall_seconds", "mlflow_run_id"):  # the only keys that may differ
                 a.pop(key), b.pop(key)
+            # the same command is named (not the Ray worker's); only the date differs
+            pa, pb = a.pop("provenance"), b.pop("provenance")
+            assert {**pa, "date": None} == {**pb, "date": None}
             assert a == b, (algo, seed)
 
 
@@ -220,6 +249,13 @@ def test_compare_nests_its_runs_under_one_mlflow_parent(tmp_path):
         assert summary["mlflow_run_id"] == child.info.run_id
         assert child.data.metrics["mean_loss"] == pytest.approx(summary["mean_loss"])
         assert child.data.params["rounds"] == "10"
+    # provenance on every run: MLflow's own source columns and raycobo's record
+    for run in runs:
+        tags = run.data.tags
+        assert tags["mlflow.source.name"] and tags["mlflow.source.type"] == "LOCAL"
+        assert tags["raycobo.provenance.raycobo_version"] == raycobo.__version__
+        assert tags["raycobo.provenance.host"] == platform.node()
+        assert tags.get("raycobo.provenance.git_commit") == tags.get("mlflow.source.git.commit")
 
 
 def test_dropped_clients_and_perplexity_in_tables():
