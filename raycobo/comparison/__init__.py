@@ -76,6 +76,11 @@ def run_compare(
         raise
     if hooks.parent is not None:  # the parent may keep the files (MLflow logs them)
         status = "failed" if any(r.get("failed") for r in rows) else "completed"
+        if hasattr(hooks.parent, "log_summary_metrics"):  # each entry's numbers, seen first
+            hooks.parent.log_summary_metrics(
+                {f"mean_accuracy/{r['algorithm']}": r.get("mean_accuracy") for r in rows}
+                | {f"mean_loss/{r['algorithm']}": r.get("mean_loss") for r in rows}
+            )
         hooks.parent.on_run_end(pctx, {"status": status, "table": rows, "files": files})
     return plan.root, rows, results
 
@@ -118,9 +123,14 @@ def tracked_compare(
     parent run for the comparison, each compared run a child of it."""
     hooks = Hooks(progress=make_progress)
     if track and cfg.tracking.enabled:
-        from raycobo.tracking import MLflowTracker
+        from raycobo.tracking import MLflowTracker, ParentRole
 
-        parent = MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-compare")
+        role = ParentRole(
+            "compare",
+            {"compare.entries": ",".join(entries), "compare.seeds": _seed_list(cfg, seeds)},
+            varied=("seed",),
+        )
+        parent = MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-compare", role=role)
         hooks.parent = parent
         hooks.callbacks = lambda a: [
             MLflowTracker(cfg.tracking, run_name=f"{cfg.name}-{a}", parent=parent)
@@ -133,6 +143,11 @@ def tracked_compare(
     return run_compare(
         cfg, entries, out, seeds=seeds, parallel=parallel, resume=resume, hooks=hooks
     )
+
+
+def _seed_list(cfg: Config, seeds: list[int] | None) -> str:
+    chosen = seeds or cfg.compare.seeds or [cfg.seed]  # as make_plan chooses them
+    return ",".join(map(str, chosen))
 
 
 __all__ = [

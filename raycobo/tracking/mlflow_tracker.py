@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,14 @@ _MAX_BATCH = 100
 
 
 def flatten_params(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """A config tree as MLflow params (dotted keys). A null key is left out: it is unset
+    (or not one that applies), and the string "None" would be searched as a value."""
     out: dict[str, str] = {}
     for k, v in tree.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and v:
             out.update(flatten_params(v, key + "."))
-        else:
+        elif v is not None:
             out[key] = str(v)[:6000]
     return out
 
@@ -84,6 +87,17 @@ def absolute_locations(cfg: TrackingConfig) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class ParentRole:
+    """What a parent run (a comparison, a sweep) is: ``kind``, its own params (the
+    entries and seeds, or the search space and metric) and the config keys that vary
+    among its children (left out of its params)."""
+
+    kind: str
+    params: dict[str, Any]
+    varied: tuple[str, ...] = ()
+
+
 class MLflowTracker(BaseCallback):
     def __init__(
         self,
@@ -91,11 +105,15 @@ class MLflowTracker(BaseCallback):
         run_name: str | None = None,
         quiet: bool = False,
         parent: MLflowTracker | str | None = None,
+        role: ParentRole | None = None,
     ):
         """``parent``: a run id, or the tracker of a parent run (compare, sweep) whose id
-        is read when this run starts."""
+        is read when this run starts. ``role``: this run is itself such a parent: it
+        records what it is (its entries or search space) instead of one method's
+        settings."""
         self.cfg = cfg
         self.parent = parent
+        self.role = role
         self.uri = resolve_uri(cfg.uri)
         self.run_name = run_name
         self.quiet = quiet
@@ -156,26 +174,48 @@ class MLflowTracker(BaseCallback):
                     return
                 exp_id = self.experiment_id(client)
             tags = {
-                "raycobo.algorithm": ctx.cfg.algorithm.name,
                 "raycobo.lifecycle.run_dir": str(ctx.run_dir.resolve()),
                 **mlflow_tags(ctx.provenance or provenance()),
             }
+            if self.role is None:
+                tags["raycobo.algorithm"] = ctx.cfg.algorithm.name
+            else:
+                tags["raycobo.kind"] = self.role.kind
             parent = self.parent.run_id if isinstance(self.parent, MLflowTracker) else self.parent
             parent = parent or ctx.parent_run_id
             if parent:
                 tags["mlflow.parentRunId"] = parent
             run = client.create_run(exp_id, run_name=self.run_name or ctx.run_dir.name, tags=tags)
             self.client, self.run_id = client, run.info.run_id
-            # the method's settings as it runs them (CoBo's rule-decided keys filled in)
-            algo = ctx.cfg.algorithm
-            own = algo.effective() if isinstance(algo, MethodConfig) else algo.model_dump()
-            tree = {**ctx.cfg.to_dict(), "algorithm": own}
-            params = [Param(k, v) for k, v in flatten_params(tree).items()]
+            params = [Param(k, v) for k, v in self._params(ctx.cfg).items()]
             for a in range(0, len(params), _MAX_BATCH):
                 client.log_batch(self.run_id, params=params[a : a + _MAX_BATCH])
             ctx.mlflow_run_id = self.run_id
         except Exception as err:  # noqa: BLE001
             self._disable(err)
+
+    def _params(self, cfg) -> dict[str, str]:
+        """A run's params: the method's settings as it runs them (CoBo's rule-decided keys
+        filled in) and the rest of its config; a parent's: what it compares or searches
+        and the settings its runs share (no one method's keys, no swept key)."""
+        if self.role is not None:
+            tree = {k: v for k, v in cfg.to_dict().items() if k != "algorithm"}
+            shared = flatten_params(tree)
+            for key in self.role.varied:
+                shared.pop(key, None)
+            return {**shared, **{k: str(v) for k, v in self.role.params.items()}}
+        algo = cfg.algorithm
+        own = algo.effective() if isinstance(algo, MethodConfig) else algo.model_dump()
+        return flatten_params({**cfg.to_dict(), "algorithm": own})
+
+    def log_summary_metrics(self, metrics: dict[str, float | None]) -> None:
+        """A parent's summary numbers (each entry's mean accuracy, the best trial's)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None]
+        if batch:
+            self._guard(self.client.log_batch, self.run_id, metrics=batch)
 
     def _reopen(self, client, run_id: str) -> bool:
         """A resumed run continues the MLflow run it started (metrics go on by round)."""

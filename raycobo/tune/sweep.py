@@ -84,7 +84,7 @@ def trial(params: dict[str, Any]) -> None:
         cfg = with_overrides(base, sampled)
         callbacks: list[Any] = [TuneReporter(params["__metric__"])]
         if cfg.tracking.enabled:
-            name = f"{cfg.name}-trial-{tune.get_context().get_trial_id()}"
+            name = trial_name(cfg.name, tune.get_context().get_trial_id(), sampled)
             callbacks.append(
                 MLflowTracker(cfg.tracking, run_name=name, parent=params["__parent__"])
             )
@@ -92,6 +92,17 @@ def trial(params: dict[str, Any]) -> None:
         run_experiment(cfg, out, callbacks, resume=_take_tune_checkpoint(out))
     except ConfigError as err:
         tune.report({params["__metric__"]: float("nan"), "config_error": str(err)})
+
+
+def trial_name(base_name: str, trial_id: str, sampled: dict[str, Any]) -> str:
+    """A trial's MLflow run name: its number and its sampled values, shortest first
+    (``quad #3 lr=0.1 sampling=full``), so the runs list shows what each trial tried."""
+    number = trial_id.rsplit("_", 1)[-1].lstrip("0") or "0"
+    values = " ".join(
+        f"{k.rsplit('.', 1)[-1]}={format(v, '.3g') if isinstance(v, float) else v}"
+        for k, v in sampled.items()
+    )
+    return f"{base_name} #{number} {values}".strip()[:250]
 
 
 def _scheduler(spec: SweepSpec, base: Config):
@@ -258,13 +269,23 @@ def _launch(spec, base, root: Path, name: str, samples: int, resume: bool) -> di
     from ray import tune
 
     from raycobo.engine.ray import start_ray
-    from raycobo.tracking import MLflowTracker
+    from raycobo.tracking import MLflowTracker, ParentRole
 
     start_ray(base)
     state = json.loads((root / STATE_FILE).read_text()) if (root / STATE_FILE).is_file() else {}
     parent = None
     if base.tracking.enabled:
-        parent = MLflowTracker(base.tracking, run_name=name)
+        role = ParentRole(
+            "sweep",
+            {
+                "sweep.metric": f"{spec.metric} ({spec.mode})",
+                "sweep.search": spec.search,
+                "sweep.num_samples": samples,
+                **{f"sweep.space.{k}": json.dumps(v) for k, v in spec.space.items()},
+            },
+            varied=tuple(spec.space),
+        )
+        parent = MLflowTracker(base.tracking, run_name=name, role=role)
         pctx = RunContext(base, root)
         pctx.resumed_mlflow_run_id = state.get("mlflow_parent") if resume else None
         parent.on_run_start(pctx)
@@ -288,6 +309,9 @@ def _launch(spec, base, root: Path, name: str, samples: int, resume: bool) -> di
             (root / STATE_FILE).write_text(json.dumps(state))
     if parent is not None:
         status = "interrupted" if summary["interrupted"] else "completed"
+        best = summary["best"]
+        if best is not None:
+            parent.log_summary_metrics({f"best_{spec.metric}": best["metrics"][spec.metric]})
         parent.on_run_end(RunContext(base, root), {"status": status})
         parent.log_files([root / "sweep_summary.json"])
     summary["root"] = str(root)

@@ -239,6 +239,18 @@ def test_compare_nests_its_runs_under_one_mlflow_parent(tmp_path):
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    # the parent is the comparison: its entries and seeds and each entry's result, not
+    # the base config's method (a search for algorithm.name = 'cobo' finds the CoBo run)
+    pp = parents[0].data
+    assert pp.tags["raycobo.kind"] == "compare" and "raycobo.algorithm" not in pp.tags
+    assert not any(k.startswith("algorithm.") for k in pp.params) and "seed" not in pp.params
+    assert set(pp.params["compare.entries"].split(",")) == {"local", "cobo"}
+    seeds = pp.params["compare.seeds"].split(",")
+    for name in ("local", "cobo"):
+        summaries = [json.loads((tmp_path / "c" / name / "summary.json").read_text())]
+        assert [str(x["seed"]) for x in summaries] == seeds
+        want = np.mean([x["mean_loss"] for x in summaries])
+        assert pp.metrics[f"mean_loss/{name}"] == pytest.approx(want)
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
     assert len(children) == 2
     for child in children:

@@ -118,8 +118,20 @@ def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_pa
         r for r in runs if r.data.tags.get("mlflow.parentRunId") == summary["mlflow_parent_run_id"]
     ]
     assert len(parent) == 1 and len(trials) == 4
+    # the parent records what it searched, not one trial's settings
+    pp, ptags = parent[0].data.params, parent[0].data.tags
+    assert ptags["raycobo.kind"] == "sweep" and "raycobo.algorithm" not in ptags
+    assert not any(k.startswith("algorithm.") for k in pp)
+    assert pp["sweep.space.algorithm.lr"] == '{"grid": [0.1, 40.0]}'
+    assert pp["sweep.metric"].startswith(summary["metric"]) and "None" not in pp.values()
+    best_value = summary["best"]["metrics"][summary["metric"]]
+    assert parent[0].data.metrics[f"best_{summary['metric']}"] == pytest.approx(best_value)
     for r in trials:
-        assert r.data.params["algorithm.name"] == "cobo"
+        assert r.data.params["algorithm.name"] == "cobo" and "None" not in r.data.params.values()
+        # the run's name shows what the trial tried
+        name = r.data.tags["mlflow.runName"]
+        assert f"lr={float(r.data.params['algorithm.lr']):.3g}" in name
+        assert f"sampling={r.data.params['algorithm.sampling']}" in name
         assert r.data.params["algorithm.lr"] in ("0.1", "40.0")
         assert len(client.get_metric_history(r.info.run_id, "mean_loss")) >= 1
     ok = [r for r in trials if r.data.params["algorithm.lr"] == "0.1"]
