@@ -485,6 +485,10 @@ RAYCOBO_BEFORE_PINNING = {
     "mixed_switch": 0.5,
 }
 
+# CoBo keys added after runs were pinned: a stored config without the key ran this value
+# (the box domain's pull threshold, 2026-11-27: none before)
+COBO_ADDED_LATER = {"pull_threshold": 0.0}
+
 
 def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:
     """A config tree that raycobo wrote, read as the version that wrote it ran it (see
@@ -500,6 +504,9 @@ def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:
             for key, value in RAYCOBO_BEFORE_PINNING.items():
                 if section.get(key) is None:
                     section[key] = value
+        if section.get("name", "cobo") == "cobo" and section.get("domain", "box") == "box":
+            for key, value in COBO_ADDED_LATER.items():
+                section.setdefault(key, value)
     return tree
 
 

@@ -2,7 +2,7 @@
 every cell of ``cells.yaml``, over seeds, on the cells' validation or test data.
 
 Usage: python benchmarks/regimes/run.py [--quick] [--cells ID,...] [--seeds 0,1,2]
-       [--split test|validation] [--candidates NAME,...] [--jobs N] [--out DIR]
+       [--split test|validation] [--candidates NAME,...] [--jobs N] [--threads N] [--out DIR]
 
 Results go to ``OUT/<split>/results.jsonl``, one line per run; a second call skips the
 runs already there (so an interrupted matrix resumes). ``report.py`` turns them into
@@ -146,8 +146,9 @@ def read_results(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def execute(jobs: list[dict], results: Path, n_jobs: int) -> None:
-    threads = max(1, (os.cpu_count() or 1) // n_jobs)
+def execute(jobs: list[dict], results: Path, n_jobs: int, threads: int | None = None) -> None:
+    """``threads``: torch threads per job (default: the cores shared among the jobs)."""
+    threads = threads or max(1, (os.cpu_count() or 1) // n_jobs)
     with (
         results.open("a") as f,
         ProcessPoolExecutor(n_jobs, mp_context=get_context("spawn")) as pool,
@@ -182,6 +183,9 @@ def main() -> int:
     ap.add_argument("--candidates", default="", help="named CoBo variants to add")
     ap.add_argument("--no-baselines", action="store_true", help="skip Local and Oracle")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch threads per job (default: cores / jobs)"
+    )
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "regimes")
     args = ap.parse_args()
     cells = load_cells()
@@ -215,7 +219,7 @@ def main() -> int:
     done = {(r["cell"], r["entry"], r["seed"], r["split"]) for r in read_results(results)}
     jobs = plan_jobs(cells, entries, seeds, args.split, done)
     print(f"{len(jobs)} runs ({len(done)} already in {results})", flush=True)
-    execute(jobs, results, args.jobs)
+    execute(jobs, results, args.jobs, args.threads)
     return 0
 
 

@@ -57,6 +57,9 @@ Domain = Literal["box", "simplex"]
 # raycobo: chosen on the regime matrix's validation data (benchmarks/regimes, README
 # "CoBo's defaults"); paper: Algorithm 1 as printed (inner product, constant gamma, the
 # penalty summed over collaborators), gamma 0.01 as measured on the cross-device twin.
+# rule raycobo's pull threshold: collaborators weighted below it are left out of the
+# pull (chosen on the regime matrix's validation data, benchmarks/regimes)
+PULL_THRESHOLD = 0.3
 RULES: dict[str, dict[str, object]] = {
     "raycobo": {
         "alignment": "bounded",
@@ -65,6 +68,7 @@ RULES: dict[str, dict[str, object]] = {
         "pull": "mean",
         "mixed_switch": 0.5,
         "cosine_floor": 0.3,
+        "pull_threshold": PULL_THRESHOLD,
     },
     "paper": {
         "alignment": "inner",
@@ -73,10 +77,11 @@ RULES: dict[str, dict[str, object]] = {
         "pull": "sum",
         "mixed_switch": 0.5,
         "cosine_floor": 0.3,
+        "pull_threshold": 0.0,
     },
 }
-# alignment-specific keys: written out (pinned, MLflow params) only with that alignment
-ONLY_WITH_ALIGNMENT = {"cosine_floor": "bounded"}
+# keys of one alignment or domain only: written out (pinned, MLflow params) only there
+ONLY_WITH = {"cosine_floor": ("alignment", "bounded"), "pull_threshold": ("domain", "box")}
 
 
 class SwitchAfter(Section):
@@ -137,6 +142,14 @@ class CoBoConfig(MethodConfig):
     )
     sampling: Sampling = Field(default="mixed", description="edge sampling strategy")
     domain: Domain = Field(default="box", description="W's domain: box [0,1] or simplex rows")
+    pull_threshold: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="box domain: collaborators whose w_ij is below this are left out of "
+        "Eq. (3)'s pull (many small cross-cluster weights add up to a large share of a "
+        "row's pull)" + _by_rule("pull_threshold"),
+    )
     weights: Literal["auto", "dense", "sparse"] = Field(
         default="auto",
         description="W storage: dense n x n, or (box) ones + sampled entries; auto: sparse "
@@ -169,6 +182,17 @@ class CoBoConfig(MethodConfig):
         "first and W at the new models' midpoints (authors' code)",
     )
 
+    @field_validator("pull_threshold")
+    @classmethod
+    def _threshold_applies(cls, value: float | None, info: ValidationInfo) -> float | None:
+        domain = info.data.get("domain", "box")
+        if value is not None and domain != "box":
+            raise ValueError(
+                f"applies to domain: box, not {domain} (a simplex row's weights sum to 1, "
+                "so a threshold would cut every collaborator): drop it"
+            )
+        return value
+
     @field_validator("cosine_floor")
     @classmethod
     def _floor_applies(cls, value: float | None, info: ValidationInfo) -> float | None:
@@ -183,13 +207,13 @@ class CoBoConfig(MethodConfig):
 
     def effective(self) -> dict:
         """The settings with the rule's values where a key is null (a key of one
-        alignment only with that alignment)."""
+        alignment or domain only with that alignment or domain)."""
         out = self.model_dump(mode="json")
         for key, value in RULES[self.rule].items():
             if out[key] is None:
                 out[key] = value
-        for key, alignment in ONLY_WITH_ALIGNMENT.items():
-            if out["alignment"] != alignment:
+        for key, (field, value) in ONLY_WITH.items():
+            if out[field] != value:
                 out[key] = None
         return out
 
@@ -318,18 +342,40 @@ def mean_rows(W: torch.Tensor) -> torch.Tensor:
     return W / W.sum(dim=1, keepdim=True).clamp_min(1.0)
 
 
+def pull_weights(W: torch.Tensor, pull: str, threshold: float = 0.0) -> torch.Tensor:
+    """The weights Eq. (3) pulls with: W's entries below ``threshold`` set to 0 (the
+    box domain's weak edges), then, for ``pull='mean'``, its rows divided by max(1, their
+    sum). W: dense rows (m, n) or SparseBoxWeights (sparse: the thresholding only; the
+    mean pull's scaling is applied by ``penalized_step``)."""
+    if threshold > 0:
+        if isinstance(W, SparseBoxWeights):
+            return W.thresholded(threshold)
+        W = torch.where(W.ge(threshold), W, torch.zeros((), dtype=W.dtype, device=W.device))
+    if pull == "mean" and not isinstance(W, SparseBoxWeights):
+        return mean_rows(W)
+    return W
+
+
 def penalized_step(
-    X: torch.Tensor, G: torch.Tensor, W: torch.Tensor, lr: float, rho: float, pull: str = "sum"
+    X: torch.Tensor,
+    G: torch.Tensor,
+    W: torch.Tensor,
+    lr: float,
+    rho: float,
+    pull: str = "sum",
+    threshold: float = 0.0,
 ) -> torch.Tensor:
     """Eq. (3) in three passes over (n, d):
     X - lr (G + rho (diag(W 1) - W) X) = (1 - lr rho deg) X + lr rho W X - lr G.
-    ``pull='mean'``: the same with W's rows divided by max(1, their sum)."""
+    ``pull='mean'``: the same with W's rows divided by max(1, their sum); ``threshold``:
+    W's entries below it count as 0 (``pull_weights``)."""
+    W = pull_weights(W, pull, threshold)
     if isinstance(W, SparseBoxWeights):
         deg = W.degree()[:, None].to(X.dtype)
         scale = 1.0 / deg.clamp_min(1.0) if pull == "mean" else torch.ones_like(deg)
         keep = 1.0 - lr * rho * deg * scale
         return (X * keep).add_(W.matmul(X) * scale, alpha=lr * rho).add_(G, alpha=-lr)
-    return penalized_rows(X, X, G, mean_rows(W) if pull == "mean" else W, lr, rho)
+    return penalized_rows(X, X, G, W, lr, rho)
 
 
 def penalized_rows(
@@ -539,13 +585,19 @@ class CoBo:
                 M = M.clone()
                 M[members] = c.momentum * M[members] + (1 - c.momentum) * G
             G = M[members]
+        cut = self.threshold()
         if state.active is None:
-            X = penalized_step(X, G, W, c.lr, rho, c.pull)
+            X = penalized_step(X, G, W, c.lr, rho, c.pull, cut)
         else:  # only the present clients step, pulled only toward each other
             X = X.clone()
             sub = W[members][:, members]
-            X[members] = penalized_step(X[members], G, sub, c.lr, rho, c.pull)
+            X[members] = penalized_step(X[members], G, sub, c.lr, rho, c.pull, cut)
         return replace(state, X=X, W=W, M=M)
+
+    def threshold(self) -> float:
+        """The pull's threshold on w_ij (box domain; 0: every collaborator counts)."""
+        c = self.cfg
+        return float(c.pull_threshold or 0.0) if c.domain == "box" else 0.0
 
     def floor(self, state: CoBoState) -> float:
         """alignment bounded: the least denominator of the cosine (0 otherwise)."""

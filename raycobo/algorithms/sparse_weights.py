@@ -61,6 +61,12 @@ class SparseBoxWeights:
         last[:-1] = keys[1:] != keys[:-1]
         return SparseBoxWeights(self.n, keys[last], vals[last], self.base)
 
+    def thresholded(self, threshold: float) -> SparseBoxWeights:
+        """A copy with the stored entries below ``threshold`` set to 0 (the base, 1, and
+        the diagonal stay: the box domain's threshold is at most 1)."""
+        vals = torch.where(self.vals >= threshold, self.vals, torch.zeros_like(self.vals))
+        return SparseBoxWeights(self.n, self.keys, vals, self.base)
+
     def degree(self) -> torch.Tensor:
         """W 1 (n,), the diagonal's base included, as in the dense matrix."""
         i, j = self._pairs()

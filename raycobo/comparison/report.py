@@ -147,6 +147,40 @@ def settings_tables(cfgs: dict[tuple[str, int], Config]) -> str:
     return "".join(out)
 
 
+def _figures(plot_files: list[Path]) -> str:
+    from raycobo.plots import HEATMAP_NOTE
+
+    out = []
+    for p in plot_files:
+        caption = CAPTIONS.get(p.stem, p.stem.replace("_", " "))
+        if p.stem == "collaboration":
+            caption += " " + HEATMAP_NOTE[0].upper() + HEATMAP_NOTE[1:] + "."
+        out.append(
+            f'<figure><img src="{_embedded(p)}" alt="{html.escape(caption)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
+    return "".join(out)
+
+
+def _how_to_read(rows: list[dict[str, Any]], target: float | None) -> list[str]:
+    """The notes under the table: what each column means (only those shown)."""
+    reads = [
+        "Accuracy: mean over clients at the last round, in % (mean over seeds).",
+        "Imp.: the share of clients (%) whose accuracy beats their Local model's.",
+        "Worst 10/20 %: mean accuracy (%) of the weakest clients.",
+    ]
+    if target is not None:
+        reads.append(f"Rounds to target: the first evaluation at or above {100 * target:g} %.")
+    sent = [r.get("megabytes_sent") is None for r in rows]
+    if any(sent) and not all(sent):
+        reads.append("Sent: n/a where a method does not count what it sends.")
+    reads.append(
+        "Wall: seconds per entry; the first entry run in a process also pays the one-time "
+        "start-up (imports, data loading)."
+    )
+    return reads
+
+
 def write_report(
     root: Path,
     cfg: Config,
@@ -156,35 +190,9 @@ def write_report(
 ) -> Path:
     """``report.html``: one self-contained page (images embedded) with the table, the
     plots, the settings and where the result came from."""
-    from raycobo.plots import HEATMAP_NOTE
-
     esc = html.escape
-    figures = []
-    for p in plot_files:
-        caption = CAPTIONS.get(p.stem, p.stem.replace("_", " "))
-        if p.stem == "collaboration":
-            caption += " " + HEATMAP_NOTE[0].upper() + HEATMAP_NOTE[1:] + "."
-        figures.append(
-            f'<figure><img src="{_embedded(p)}" alt="{esc(caption)}">'
-            f"<figcaption>{esc(caption)}</figcaption></figure>"
-        )
     seeds = ", ".join(map(str, sorted({x for r in rows for x in r["seeds"]})))
-    target = cfg.compare.target_accuracy
-    reads = [
-        "Accuracy: mean over clients at the last round, in % (mean over seeds).",
-        "Imp.: the share of clients (%) whose accuracy beats their Local model's.",
-        "Worst 10/20 %: mean accuracy (%) of the weakest clients.",
-    ]
-    if target is not None:
-        reads.append(f"Rounds to target: the first evaluation at or above {100 * target:g} %.")
-    if any(r.get("megabytes_sent") is None for r in rows) and any(
-        r.get("megabytes_sent") is not None for r in rows
-    ):
-        reads.append("Sent: n/a where a method does not count what it sends.")
-    reads.append(
-        "Wall: seconds per entry; the first entry run in a process also pays the one-time "
-        "start-up (imports, data loading)."
-    )
+    reads = _how_to_read(rows, cfg.compare.target_accuracy)
     record = provenance()
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -201,7 +209,7 @@ table.kv th,table.kv td{{text-align:left}}.scroll{{overflow-x:auto}}img{{max-wid
 {esc(seeds)}.</p>
 <h2>Results</h2><div class=scroll>{html_table(rows)}</div>
 <p class=note>{"<br>".join(esc(x) for x in reads)}</p>
-<h2>Plots</h2>{"".join(figures)}
+<h2>Plots</h2>{_figures(plot_files)}
 <h2>Settings</h2>{settings_tables(cfgs)}
 <p class=note>Each run's full resolved config is config.yaml in its run directory.</p>
 </body></html>

@@ -374,6 +374,51 @@ def test_the_mean_pull_agrees_between_dense_and_sparse_w():
     assert_close(want, X - 0.1 * (G + 2.0 * (X - target)))
 
 
+@pytest.mark.parametrize("pull", ["mean", "sum"])
+def test_the_pull_threshold_leaves_weak_edges_out_dense_and_sparse(pull):
+    """pull_threshold: entries of W below it are left out of Eq. (3); the same step from
+    a dense W, from SparseBoxWeights, and by hand with those entries zeroed."""
+    from raycobo.algorithms.cobo import penalized_step
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+
+    g = torch.Generator().manual_seed(1)
+    n, d = 7, 3
+    X, G = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    edges = torch.tensor([[0, 1], [0, 5], [2, 3], [4, 6], [1, 6]])
+    sparse = update_weights(
+        SparseBoxWeights.ones(n), edges, torch.tensor([-0.45, -0.9, -0.8, -0.1, -0.3]), 1.0, "box"
+    )
+    dense = sparse.to_dense()  # stored entries 0.55, 0.1, 0.2, 0.9, 0.7
+    cut = dense.where(dense >= 0.3, torch.zeros(()))
+    assert int((cut == 0).sum()) == 4  # (0, 5) and (2, 3), both ways
+    lr, rho = 0.1, 0.5
+    want = penalized_step(X, G, cut, lr, rho, pull)
+    assert_close(penalized_step(X, G, dense, lr, rho, pull, 0.3), want)
+    assert_close(penalized_step(X, G, sparse, lr, rho, pull, 0.3), want)
+    assert not torch.allclose(penalized_step(X, G, dense, lr, rho, pull), want)
+
+
+def test_the_pull_threshold_is_a_box_domain_key(tmp_path):
+    """The rule's threshold applies to the box domain; a simplex row sums to 1, so an
+    explicit threshold there is refused; a stored config from before the key ran none."""
+    import yaml
+
+    from raycobo.algorithms.cobo import PULL_THRESHOLD
+    from raycobo.config import ConfigError, load_config, load_stored_config
+
+    assert CoBo(CoBoConfig(), 10, 0).threshold() == PULL_THRESHOLD > 0
+    assert CoBo(CoBoConfig(rule="paper"), 10, 0).threshold() == 0.0
+    assert CoBo(CoBoConfig(domain="simplex"), 10, 0).threshold() == 0.0
+    assert CoBoConfig(domain="simplex").effective()["pull_threshold"] is None
+    assert CoBoConfig().pinned().pull_threshold == PULL_THRESHOLD
+    with pytest.raises(ConfigError, match="algorithm.pull_threshold.*domain: box"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.pull_threshold=0.2"])
+    pinned = CoBoConfig().pinned().model_dump(mode="json")
+    del pinned["pull_threshold"]  # what a run pinned before the key existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
+    assert load_stored_config(tmp_path / "config.yaml").algorithm.pull_threshold == 0.0
+
+
 @pytest.mark.parametrize("sizes", [[2, 2], [2, 4, 6, 8, 10]])
 def test_example2_with_the_defaults_beats_local_and_recovers_the_clusters(quad_cfg, sizes):
     """CoBo's Example 2 with every CoBo key at its default (the issue's case: the earlier

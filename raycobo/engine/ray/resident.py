@@ -16,6 +16,7 @@ from raycobo.algorithms.base import Evaluation
 from raycobo.engine.ray.errors import HostStateLost, actor_lost
 from raycobo.engine.ray.ops import RayClientOps, gather_evaluation
 from raycobo.engine.ray.policies import RoundTiming
+from raycobo.engine.ray.resident_host import StepSettings
 from raycobo.state import state_tree
 
 
@@ -307,15 +308,17 @@ class ResidentRounds:
             *(blocks[k] for k in need),
         )
 
-    def _hyper(self, t: int) -> tuple:
+    def _hyper(self, t: int) -> StepSettings:
         """Round t's step settings as the hosts' ``res_update`` reads them."""
         algo, c, state = self.algo, self.algo.cfg, self._state()
         rho = algo.penalty(self.ops.n_clients)
         gamma = algo.gamma_at(t, algo.present(state))
-        return (c.lr, rho, gamma, c.domain, c.alignment, algo.floor(state), c.pull)
+        return StepSettings(
+            c.lr, rho, gamma, c.domain, c.alignment, algo.floor(state), c.pull, algo.threshold()
+        )
 
     def _phase2(
-        self, h, hyper: tuple, edges, ends: _Endpoints, grads: dict, W_host, blocks: list
+        self, h, hyper: StepSettings, edges, ends: _Endpoints, grads: dict, W_host, blocks: list
     ) -> tuple:
         """Host h's Eq. (1) on its W rows and Eq. (3) over the models it weighs
         (``res_update``): both endpoints' phase-1 gradients read host to host."""
@@ -367,9 +370,9 @@ class ResidentRounds:
 
     def _host_links(self, *edge_sets: torch.Tensor | None) -> torch.Tensor:
         """(H, H) bool: the step of host h's present clients reads host k's models --
-        some w_ik > 0 between present clients. From the committed W: until the step, an
-        entry can only turn positive on a pair sampled since (``edge_sets``), so those
-        hosts are linked as well."""
+        some w_ik > 0 (and at least the pull's threshold) between present clients. From
+        the committed W: until the step, an entry can only change on a pair sampled since
+        (``edge_sets``), so those hosts are linked as well."""
         ops, H = self.ops, len(self.ops.hosts)
         W = self.W
         if self.active is not None:  # only pairs of present clients
@@ -377,7 +380,8 @@ class ResidentRounds:
             W = W * present[:, None] * present[None, :]
         onehot = torch.zeros(ops.n_clients, H)
         onehot[torch.arange(ops.n_clients), ops.owner] = 1.0
-        links = (onehot.T @ (W > 0).to(torch.float32) @ onehot) > 0
+        weighed = W.gt(0) & W.ge(self.algo.threshold())
+        links = (onehot.T @ weighed.to(torch.float32) @ onehot) > 0
         for edges in edge_sets:
             if edges is None:
                 continue

@@ -5,7 +5,7 @@ that also keeps its clients' models and W rows. A round is two calls, ``res_grad
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -14,6 +14,19 @@ from raycobo import rng
 from raycobo.engine.ray.errors import HostStateLost
 from raycobo.engine.ray.host import ClientHostImpl
 from raycobo.engine.ray.layout import host_layout
+
+
+class StepSettings(NamedTuple):
+    """Round t's CoBo step settings, sent by the coordinator to every resident host."""
+
+    lr: float
+    rho: float
+    gamma: float  # the W step at round t
+    domain: str
+    alignment: str
+    floor: float  # the bounded cosine's least denominator
+    pull: str
+    threshold: float  # the pull's threshold on w_ij
 
 
 class ResidentHostImpl(ClientHostImpl):
@@ -91,14 +104,14 @@ class ResidentHostImpl(ClientHostImpl):
         phase-2 seconds of compute), the new block)."""
         from raycobo.algorithms.cobo import (
             alignment_scores,
-            mean_rows,
             penalized_rows_blocks,
+            pull_weights,
             update_weight_rows,
         )
 
         if self.pending_step is None:  # restarted by Ray between the two phases
             raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
-        lr, rho, gamma, domain, kind, floor, pull = hyper
+        hp: StepSettings = hyper
         t0 = time.perf_counter()
         grads = parts[:n_grads]
         block_hosts = parts[n_grads::2]
@@ -107,16 +120,16 @@ class ResidentHostImpl(ClientHostImpl):
         scores = torch.zeros(0, device=self.device)
         if edges.shape[0]:  # Eq. (1) on this host's W rows
             G_i, G_j = self._rows_of(grads, at_i), self._rows_of(grads, at_j)
-            scores = alignment_scores(G_i, G_j, kind, floor)
-            self.W = update_weight_rows(self.W, self.ids, edges, scores, gamma, domain)
+            scores = alignment_scores(G_i, G_j, hp.alignment, hp.floor)
+            self.W = update_weight_rows(self.W, self.ids, edges, scores, hp.gamma, hp.domain)
         members, G, L = self.pending_step
         if members.numel():  # Eq. (3) over the linked hosts' published models
             W_rows = self.W[members]
             if present is not None:  # absent clients neither pull nor are pulled
                 mask = torch.as_tensor(np.asarray(present, dtype=bool))
                 W_rows = W_rows * mask.to(self.device, W_rows.dtype)
-            if pull == "mean":  # toward the collaborators' W-weighted mean
-                W_rows = mean_rows(W_rows)
+            # weak edges out, and for the mean pull toward the collaborators' mean
+            W_rows = pull_weights(W_rows, hp.pull, hp.threshold)
             all_members = members.numel() == len(self.clients)
             X_rows = self.X if all_members else self.X[members]
             linked = [
@@ -126,7 +139,7 @@ class ResidentHostImpl(ClientHostImpl):
                 )
                 for h, block in zip(block_hosts, blocks, strict=True)
             ]
-            new = penalized_rows_blocks(X_rows, G, W_rows, linked, lr, rho)
+            new = penalized_rows_blocks(X_rows, G, W_rows, linked, hp.lr, hp.rho)
             if all_members:
                 self.X = new
             else:
