@@ -76,8 +76,8 @@ fidelity-ablation: install data
 # rule on every cell, 3 seeds on the test split, then its table and plot in FIDELITY.md
 # (about four hours on 2 cores; -quick: the small cells, one seed, a few minutes)
 regimes: install data
-	$(PY) benchmarks/regimes/run.py --split test --candidates paper,cosine
-	$(PY) benchmarks/regimes/report.py --split test --entries cobo,cosine,paper \
+	$(PY) benchmarks/regimes/run.py --split test --candidates paper,no-threshold
+	$(PY) benchmarks/regimes/report.py --split test --entries cobo,no-threshold,paper \
 		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png
 
 regimes-quick: install

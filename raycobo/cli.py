@@ -321,7 +321,7 @@ def demo(
     def go():
         from raycobo import api
         from raycobo.data import fashion_mnist_available
-        from raycobo.tracking.mlflow_tracker import resolve_uri, ui_command
+        from raycobo.tracking.mlflow_tracker import resolve_uri, runs_link, ui_command
 
         cfg = load_config(config, overrides or [])
         if cfg.data.name == "fashion_mnist" and not fashion_mnist_available(cfg.data.root):
@@ -343,6 +343,9 @@ def demo(
             store, exp = resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
             typer.echo(f"MLflow store:    {store}  (experiment '{exp}')")
             typer.echo(f"open it with:    {ui_command(cfg.tracking)}")
+            link = runs_link(cfg.tracking)
+            if link:
+                typer.echo(f"then the runs:   {link}")
         _report_failures(rows)
 
     _guarded(debug, go)

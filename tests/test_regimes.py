@@ -42,8 +42,10 @@ def test_cobo_defaults_beat_local_with_the_clusters_found(rows):
     for cell in ("quad-2to10", "digits-8-r400"):
         cobo = table[cell]["cobo"]
         assert not cobo["diverged"]
-        assert cobo["gap"] > 0.3, (cell, cobo)  # seed 0 measured: 0.60 and 0.83
-        assert cobo["mass_inside"] > 0.9, (cell, cobo)
+        assert cobo["gap"] > 0.3, (cell, cobo)  # seed 0 measured: 0.60 and 0.96
+        # measured 1.00 and 0.90 (the pull's threshold lets within-cluster weights that
+        # stop mattering fade, so the raw W's share inside is lower than before it: 0.98)
+        assert cobo["mass_inside"] > 0.8, (cell, cobo)
 
 
 def test_the_report_reads_the_matrix(rows, tmp_path):

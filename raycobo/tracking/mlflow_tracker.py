@@ -289,9 +289,26 @@ def mlflow_status(summary: dict[str, Any]) -> str:
     )
 
 
+UI_PORT = 5000
+
+
+def runs_link(cfg: TrackingConfig) -> str | None:
+    """The MLflow UI's page of the experiment's runs table (not its landing page), or
+    None where the experiment cannot be read."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        exp = MlflowClient(tracking_uri=resolve_uri(cfg.uri)).get_experiment_by_name(cfg.experiment)
+    except Exception:  # noqa: BLE001 - a link is a convenience
+        return None
+    if exp is None:
+        return None
+    return f"http://127.0.0.1:{UI_PORT}/#/experiments/{exp.experiment_id}/runs"
+
+
 def ui_command(cfg: TrackingConfig) -> str:
     uri = resolve_uri(cfg.uri)
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {UI_PORT}"
 
 
 class ScalingLogger:

@@ -261,6 +261,13 @@ def test_compare_nests_its_runs_under_one_mlflow_parent(tmp_path):
         assert summary["mlflow_run_id"] == child.info.run_id
         assert child.data.metrics["mean_loss"] == pytest.approx(summary["mean_loss"])
         assert child.data.params["rounds"] == "10"
+    # the UI link the demo prints opens this experiment's runs table
+    from raycobo.config import TrackingConfig
+    from raycobo.tracking.mlflow_tracker import runs_link
+
+    exp_id = parents[0].info.experiment_id
+    link = runs_link(TrackingConfig(uri=f"sqlite:///{db}", experiment=exp_name(client, exp_id)))
+    assert link == f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs"
     # provenance on every run: MLflow's own source columns and raycobo's record
     for run in runs:
         tags = run.data.tags
@@ -268,6 +275,10 @@ def test_compare_nests_its_runs_under_one_mlflow_parent(tmp_path):
         assert tags["raycobo.provenance.raycobo_version"] == raycobo.__version__
         assert tags["raycobo.provenance.host"] == platform.node()
         assert tags.get("raycobo.provenance.git_commit") == tags.get("mlflow.source.git.commit")
+
+
+def exp_name(client, exp_id: str) -> str:
+    return client.get_experiment(exp_id).name
 
 
 def test_dropped_clients_and_perplexity_in_tables():
