@@ -326,12 +326,17 @@ def test_sigterm_to_a_ray_engine_run_is_an_interruption(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "raycobo", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    deadline = time.monotonic() + 120
-    while not ckpt.list_checkpoints(tmp_path / "r" / "checkpoints"):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    try:  # a failed check must not leave a 100,000-round run (and its Ray) behind
+        deadline = time.monotonic() + 120
+        while not ckpt.list_checkpoints(tmp_path / "r" / "checkpoints"):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, err.decode()[-2000:]
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["status"] == "interrupted" and s["error"] == "SIGTERM" and s["last_round"] > 0
