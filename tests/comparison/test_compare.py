@@ -205,9 +205,10 @@ def test_parallel_compare_gives_the_sequential_numbers(tmp_path):
             b = json.loads((par / algo / f"seed{seed}" / "summary.json").read_text())
             for key in ("wall_seconds", "mlflow_run_id"):  # the only keys that may differ
                 a.pop(key), b.pop(key)
-            # the same command is named (not the Ray worker's); only the date differs
+            # the same command is named (not the Ray worker's), from the same folder
             pa, pb = a.pop("provenance"), b.pop("provenance")
-            assert {**pa, "date": None} == {**pb, "date": None}
+            for key in ("command", "cwd", "host", "raycobo_version", "git_commit"):
+                assert pa[key] == pb[key], key
             assert a == b, (algo, seed)
 
 
