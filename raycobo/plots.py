@@ -143,6 +143,10 @@ def plot_matrix_grid(
             if j < len(rounds):
                 own = clusters[name] if isinstance(clusters, dict) else clusters
                 im = heatmap(ax, snaps[name][rounds[j]], own, f"{name} round {rounds[j]}")
+                if j > 0:  # one axis title per row and column: no label runs into the next
+                    ax.set_ylabel("")
+                if i < len(names) - 1:
+                    ax.set_xlabel("")
             else:
                 ax.axis("off")
     if im is not None:

@@ -22,6 +22,7 @@ import yaml
 
 from raycobo.config import Config, ConfigError, validate, with_overrides
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
+from raycobo.tune.console import console_to_log, trial_lines
 from raycobo.tune.space import SweepSpec, tune_space
 
 REPORTED = typing.get_args(SweepSpec.model_fields["metric"].annotation)  # what trials report
@@ -130,6 +131,19 @@ def _search(spec: SweepSpec):
             ) from None
         return OptunaSearch()
     return None  # Tune's default generator: random sampling and grid expansion
+
+
+def _grid_size(spec: SweepSpec) -> int:
+    """Trials per sample: Tune expands every grid key (the product of their lengths;
+    with optuna, grids are not expanded)."""
+    if spec.search == "optuna":
+        return 1
+    size = 1
+    for dist in spec.space.values():
+        kind, arg = next(iter(dist.items()))
+        if kind == "grid":
+            size *= len(arg)
+    return size
 
 
 def _trial_plan(spec: SweepSpec, base: Config):
@@ -269,9 +283,15 @@ def _launch(spec, base, root: Path, name: str, samples: int, resume: bool) -> di
     from ray import tune
 
     from raycobo.engine.ray import start_ray
+
+    with console_to_log(root):  # Ray's and Tune's chatter into sweep.log
+        start_ray(base)
+        return _tracked_fit(spec, base, root, name, samples, resume, tune)
+
+
+def _tracked_fit(spec, base, root: Path, name: str, samples: int, resume: bool, tune):
     from raycobo.tracking import MLflowTracker, ParentRole
 
-    start_ray(base)
     state = json.loads((root / STATE_FILE).read_text()) if (root / STATE_FILE).is_file() else {}
     parent = None
     if base.tracking.enabled:
@@ -292,7 +312,8 @@ def _launch(spec, base, root: Path, name: str, samples: int, resume: bool) -> di
     state = {"mlflow_parent": parent.run_id if parent is not None else None}
     (root / STATE_FILE).write_text(json.dumps(state))
     try:
-        results = _fit(spec, base, root, samples, resume, state["mlflow_parent"], tune)
+        lines = trial_lines(tune, samples * _grid_size(spec), spec.metric)
+        results = _fit(spec, base, root, samples, resume, state["mlflow_parent"], tune, lines)
         summary = _summarize(spec, root, name, results, state["mlflow_parent"])
     except BaseException as err:
         if parent is not None:
@@ -330,8 +351,9 @@ def _trial_base(spec: SweepSpec, base: Config) -> Config:
     return base
 
 
-def _fit(spec, base, root: Path, samples: int, resume: bool, parent_id, tune):
-    """Run (or restore) the Tuner. -> its ResultGrid"""
+def _fit(spec, base, root: Path, samples: int, resume: bool, parent_id, tune, lines=None):
+    """Run (or restore) the Tuner; ``lines``: a callback printing each finished trial
+    (a restored Tuner keeps its own callbacks). -> its ResultGrid"""
     trainable = tune.with_resources(trial, _resources(spec, base))
     if resume:
         tuner = tune.Tuner.restore(str(root / "tune"), trainable=trainable, resume_errored=True)
@@ -356,6 +378,7 @@ def _fit(spec, base, root: Path, samples: int, resume: bool, parent_id, tune):
                 name="tune",
                 storage_path=str(root),
                 verbose=0,
+                callbacks=[lines] if lines is not None else None,
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=base.checkpoint.keep),
             ),

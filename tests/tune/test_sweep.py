@@ -105,6 +105,17 @@ def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_pa
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "sweep_summary.json").read_text())
     assert summary["num_trials"] == 4 and summary["failed"] == 2
+    # the console: one line per trial and the closing lines; Ray's and Tune's own
+    # output (experiment box, TensorBoard hint, warnings) is in sweep.log
+    lines = res.output.strip().splitlines()
+    trial_lines = [x for x in lines if x.startswith("[") and "/4] trial" in x]
+    assert len(trial_lines) == 4, res.output
+    assert sum("(failed)" in x for x in trial_lines) == 2
+    assert all("lr=" in x and "sampling=" in x and "mean_loss" in x for x in trial_lines)
+    assert len(lines) <= 4 + 4, res.output
+    for chatter in ("Configuration for experiment", "TensorBoard", "WARNING"):
+        assert chatter not in res.output
+    assert "Configuration for experiment" in (out / "sweep.log").read_text()
     failed = [t for t in summary["trials"] if t["status"] == "error"]
     assert all(t["config"]["algorithm.lr"] == 40.0 and t["error"] for t in failed)
     assert summary["best"]["config"]["algorithm.lr"] == 0.1
