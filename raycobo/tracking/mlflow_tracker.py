@@ -106,6 +106,7 @@ class MLflowTracker(BaseCallback):
         quiet: bool = False,
         parent: MLflowTracker | str | None = None,
         role: ParentRole | None = None,
+        run_dir: Path | None = None,
     ):
         """``parent``: a run id, or the tracker of a parent run (compare, sweep) whose id
         is read when this run starts. ``role``: this run is itself such a parent: it
@@ -114,6 +115,7 @@ class MLflowTracker(BaseCallback):
         self.cfg = cfg
         self.parent = parent
         self.role = role
+        self.run_dir = run_dir  # where the run's folder is kept, if not where it runs
         self.uri = resolve_uri(cfg.uri)
         self.run_name = run_name
         self.quiet = quiet
@@ -174,7 +176,7 @@ class MLflowTracker(BaseCallback):
                     return
                 exp_id = self.experiment_id(client)
             tags = {
-                "raycobo.lifecycle.run_dir": str(ctx.run_dir.resolve()),
+                "raycobo.lifecycle.run_dir": str((self.run_dir or ctx.run_dir).resolve()),
                 **mlflow_tags(ctx.provenance or provenance()),
             }
             if self.role is None:

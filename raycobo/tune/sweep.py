@@ -84,12 +84,16 @@ def trial(params: dict[str, Any]) -> None:
         sampled = {k: v for k, v in params.items() if not k.startswith("__")}
         cfg = with_overrides(base, sampled)
         callbacks: list[Any] = [TuneReporter(params["__metric__"])]
+        out = Path(tune.get_context().get_trial_dir()) / "run"
         if cfg.tracking.enabled:
             name = trial_name(cfg.name, tune.get_context().get_trial_id(), sampled)
+            # the run works in Ray's session folder; Tune keeps it in the sweep's own
+            kept = Path(params["__storage__"]) / out.parent.name / "run"
             callbacks.append(
-                MLflowTracker(cfg.tracking, run_name=name, parent=params["__parent__"])
+                MLflowTracker(
+                    cfg.tracking, run_name=name, parent=params["__parent__"], run_dir=kept
+                )
             )
-        out = Path(tune.get_context().get_trial_dir()) / "run"
         run_experiment(cfg, out, callbacks, resume=_take_tune_checkpoint(out))
     except ConfigError as err:
         tune.report({params["__metric__"]: float("nan"), "config_error": str(err)})
@@ -362,6 +366,7 @@ def _fit(spec, base, root: Path, samples: int, resume: bool, parent_id, tune, li
         space["__base__"] = base.to_dict()
         space["__parent__"] = parent_id
         space["__metric__"] = spec.metric
+        space["__storage__"] = str(root / "tune")  # where Tune keeps the trials' folders
         tuner = tune.Tuner(
             trainable,
             param_space=space,

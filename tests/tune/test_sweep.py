@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -139,6 +140,10 @@ def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_pa
     assert parent[0].data.metrics[f"best_{summary['metric']}"] == pytest.approx(best_value)
     for r in trials:
         assert r.data.params["algorithm.name"] == "cobo" and "None" not in r.data.params.values()
+        # the run's folder is the one the sweep keeps, not Ray's session folder
+        kept = Path(r.data.tags["raycobo.lifecycle.run_dir"])
+        assert kept.parent.parent == (out / "tune").resolve() and kept.name == "run"
+        assert (kept / "config.yaml").is_file()
         # the run's name shows what the trial tried
         name = r.data.tags["mlflow.runName"]
         assert f"lr={float(r.data.params['algorithm.lr']):.3g}" in name
