@@ -69,13 +69,32 @@ def command_line() -> str:
     return shlex.join(argv)
 
 
+def raycobo_version() -> str:
+    """The package's version; from the installed metadata where the package's
+    ``__init__`` was not run (a checkout synced next to a script on a Ray cluster node
+    imports as a namespace package)."""
+    try:
+        from raycobo import __version__
+
+        return __version__
+    except ImportError:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("raycobo")
+        except PackageNotFoundError:
+            return "unknown"
+
+
 @functools.cache
 def _libraries() -> dict[str, str]:
     import torch
 
-    from raycobo import __version__
-
-    return {"raycobo": __version__, "python": platform.python_version(), "torch": torch.__version__}
+    return {
+        "raycobo": raycobo_version(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
 
 
 def provenance() -> dict[str, Any]:

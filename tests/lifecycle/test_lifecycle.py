@@ -347,3 +347,16 @@ def test_the_plotting_modules_are_loaded_before_the_first_round(tmp_path):
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_provenance_names_the_version_without_the_package_init(monkeypatch):
+    """A checkout synced beside a script on a cluster node imports raycobo as a namespace
+    package (its __init__ never runs): the version comes from the installed metadata."""
+    from importlib.metadata import version
+
+    import raycobo
+    from raycobo.lifecycle.provenance import raycobo_version
+
+    assert raycobo_version() == raycobo.__version__
+    monkeypatch.delattr(raycobo, "__version__")
+    assert raycobo_version() == version("raycobo")
