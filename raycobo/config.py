@@ -510,6 +510,18 @@ def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
+def flat_tree(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config tree as dotted keys -> values (an empty mapping is a value)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat_tree(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
 def read_config_tree(path: str | Path) -> dict[str, Any]:
     """An experiment YAML as a tree, its ``plugin_paths`` made absolute from its folder."""
     tree = read_yaml(path)

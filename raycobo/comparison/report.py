@@ -20,7 +20,7 @@ import numpy as np
 
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.comparison.table import html_table
-from raycobo.config import Config
+from raycobo.config import Config, flat_tree
 from raycobo.lifecycle import Result
 from raycobo.lifecycle.provenance import describe, provenance
 
@@ -87,26 +87,18 @@ def _embedded(path: Path) -> str:
     return f"data:image/png;base64,{data}"
 
 
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
+def _beside_method(c: Config) -> dict[str, Any]:
+    """A config's keys outside its method's section (and its seed), dotted."""
+    return flat_tree({k: v for k, v in c.to_dict().items() if k not in ("algorithm", "seed")})
 
 
-def _settings(c: Config) -> dict[str, Any]:
+def _settings(c: Config, base: dict[str, Any]) -> dict[str, Any]:
     """A config's keys that say something: the method's own settings (all of them, with
-    its rule's values filled in) and every other key that differs from the default."""
+    its rule's values filled in) and every other key that differs from ``base`` (the
+    defaults, ``_beside_method(Config())``)."""
     algo = c.algorithm
     own = algo.effective() if isinstance(algo, MethodConfig) else algo.model_dump(mode="json")
-    rest = {k: v for k, v in c.to_dict().items() if k not in ("algorithm", "seed")}
-    defaults = {k: v for k, v in Config().to_dict().items() if k not in ("algorithm", "seed")}
-    base = _flat(defaults)
-    kept = {k: v for k, v in _flat(rest).items() if k not in base or base[k] != v}
+    kept = {k: v for k, v in _beside_method(c).items() if k not in base or base[k] != v}
     return {**kept, **{f"algorithm.{k}": v for k, v in own.items()}}
 
 
@@ -118,9 +110,11 @@ def settings_tables(cfgs: dict[tuple[str, int], Config]) -> str:
     """What the entries share (one list) and where they differ (one column per entry);
     keys at their defaults that a method or data set does not read are left out."""
     esc = html.escape
+    base = _beside_method(Config())
     per_entry: dict[str, dict[str, Any]] = {}
     for (entry, _seed), c in cfgs.items():
-        per_entry.setdefault(entry, _settings(c))
+        if entry not in per_entry:
+            per_entry[entry] = _settings(c, base)
     keys = sorted({k for s in per_entry.values() for k in s})
     shared = {
         k: next(iter(per_entry.values()))[k]

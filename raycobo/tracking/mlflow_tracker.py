@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from raycobo.algorithms.settings import MethodConfig
-from raycobo.config import TrackingConfig
+from raycobo.config import TrackingConfig, flat_tree
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 from raycobo.lifecycle.provenance import mlflow_tags, provenance
 
@@ -31,14 +31,7 @@ _MAX_BATCH = 100
 def flatten_params(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """A config tree as MLflow params (dotted keys). A null key is left out: it is unset
     (or not one that applies), and the string "None" would be searched as a value."""
-    out: dict[str, str] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten_params(v, key + "."))
-        elif v is not None:
-            out[key] = str(v)[:6000]
-    return out
+    return {k: str(v)[:6000] for k, v in flat_tree(tree, prefix).items() if v is not None}
 
 
 def resolve_uri(uri: str) -> str:

@@ -40,16 +40,26 @@ def console_to_log(root: Path) -> Iterator[None]:
                 logger.handlers, logger.propagate = handlers, propagate
 
 
+def trial_number(trial_id: str) -> str:
+    """Tune's ``e8d59_00003`` -> ``3``."""
+    return str(trial_id).rsplit("_", 1)[-1].lstrip("0") or "0"
+
+
+def sampled_values(config: dict[str, Any]) -> str:
+    """A trial's sampled keys, shortest names: ``lr=0.1 sampling=full`` (the ``__``
+    entries of the param space are not sampled)."""
+    return " ".join(
+        f"{k.rsplit('.', 1)[-1]}={format(v, '.3g') if isinstance(v, float) else v}"
+        for k, v in config.items()
+        if not k.startswith("__")
+    )
+
+
 def trial_line(done: int, total: int, trial: Any, metric: str, status: str) -> str:
     """``[3/8] trial 2  rho=0.5 sampling=mixed -> mean_loss 0.0123 (finished)``"""
-    sampled = {k: v for k, v in (trial.config or {}).items() if not k.startswith("__")}
-    values = " ".join(
-        f"{k.rsplit('.', 1)[-1]}={format(v, '.3g') if isinstance(v, float) else v}"
-        for k, v in sampled.items()
-    )
     result = (trial.last_result or {}).get(metric)
     shown = f"{metric} {result:.4g}" if isinstance(result, int | float) else f"{metric} -"
-    number = str(trial.trial_id).rsplit("_", 1)[-1].lstrip("0") or "0"
+    number, values = trial_number(trial.trial_id), sampled_values(trial.config or {})
     return f"[{done}/{total}] trial {number}  {values} -> {shown} ({status})"
 
 

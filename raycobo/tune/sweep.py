@@ -22,7 +22,7 @@ import yaml
 
 from raycobo.config import Config, ConfigError, validate, with_overrides
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
-from raycobo.tune.console import console_to_log, trial_lines
+from raycobo.tune.console import console_to_log, sampled_values, trial_lines, trial_number
 from raycobo.tune.space import SweepSpec, tune_space
 
 REPORTED = typing.get_args(SweepSpec.model_fields["metric"].annotation)  # what trials report
@@ -102,12 +102,7 @@ def trial(params: dict[str, Any]) -> None:
 def trial_name(base_name: str, trial_id: str, sampled: dict[str, Any]) -> str:
     """A trial's MLflow run name: its number and its sampled values, shortest first
     (``quad #3 lr=0.1 sampling=full``), so the runs list shows what each trial tried."""
-    number = trial_id.rsplit("_", 1)[-1].lstrip("0") or "0"
-    values = " ".join(
-        f"{k.rsplit('.', 1)[-1]}={format(v, '.3g') if isinstance(v, float) else v}"
-        for k, v in sampled.items()
-    )
-    return f"{base_name} #{number} {values}".strip()[:250]
+    return f"{base_name} #{trial_number(trial_id)} {sampled_values(sampled)}".strip()[:250]
 
 
 def _scheduler(spec: SweepSpec, base: Config):

@@ -95,7 +95,9 @@ class ResidentHostImpl(ClientHostImpl):
         self.phase1_s = time.perf_counter() - t0
         return G[:k].cpu().numpy()
 
-    def res_update(self, edges, at_i, at_j, report, present, hyper, n_grads, *parts):
+    def res_update(
+        self, edges, at_i, at_j, report, present, hp: StepSettings, n_grads: int, *parts
+    ):
         """Phase 2: the scores <g_i(z_ij), g_j(z_ij)> of the sampled pairs that touch this
         host (both gradients read from phase 1's published arrays), Eq. (1) on this
         host's W rows, then Eq. (3) for its present clients against the published models
@@ -111,7 +113,6 @@ class ResidentHostImpl(ClientHostImpl):
 
         if self.pending_step is None:  # restarted by Ray between the two phases
             raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
-        hp: StepSettings = hyper
         t0 = time.perf_counter()
         grads = parts[:n_grads]
         block_hosts = parts[n_grads::2]
