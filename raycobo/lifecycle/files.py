@@ -7,7 +7,9 @@ import contextlib
 import errno
 import os
 import shutil
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -42,17 +44,41 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+@contextlib.contextmanager
+def signals_postponed() -> Iterator[None]:
+    """SIGINT and SIGTERM arriving inside the block are held and delivered when it ends,
+    to whatever handlers were there before. A signal's Python handler raising inside a
+    C++ writer (``torch.save``) turns into a RuntimeError of torch's, so an interrupt
+    during a checkpoint ended a run ``failed`` instead of ``interrupted``. Outside the
+    main thread (where handlers cannot be set) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    wanted = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():  # None: one set outside Python (kept as default)
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for s in dict.fromkeys(caught):  # each once, in the order they came
+            signal.raise_signal(s)
+
+
 def atomic_write(path: Path, write: Callable[[IO], None], binary: bool = False) -> None:
-    """``write(f)`` into a temporary file beside ``path``, synced, then renamed over it.
-    A full disk raises :class:`DiskFull` naming ``path``."""
+    """``write(f)`` into a temporary file beside ``path``, synced, then renamed over it,
+    with interrupts postponed to the end (:func:`signals_postponed`). A full disk raises
+    :class:`DiskFull` naming ``path``."""
     path = Path(path)
     tmp = temp_name(path)
     try:
-        with tmp.open("wb" if binary else "w") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with signals_postponed():
+            with tmp.open("wb" if binary else "w") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     except Exception as err:
         if _disk_full(path, err):
             raise DiskFull(path) from None

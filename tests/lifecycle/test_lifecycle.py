@@ -360,3 +360,40 @@ def test_provenance_names_the_version_without_the_package_init(monkeypatch):
     assert raycobo_version() == raycobo.__version__
     monkeypatch.delattr(raycobo, "__version__")
     assert raycobo_version() == version("raycobo")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_inside_a_checkpoint_write_is_delivered_after_it(tmp_path, sig):
+    """A SIGTERM landing inside ``torch.save`` came out of torch's C++ writer as
+    ``RuntimeError: [enforce fail at inline_container.cc]`` and ended the run `failed`:
+    interrupts are postponed to the end of an atomic write, which completes."""
+    from raycobo.lifecycle.experiment import Terminated
+    from raycobo.lifecycle.files import atomic_write
+
+    class Writes:  # a file object that is signalled in the middle of torch's writing
+        def __init__(self, f):
+            self.f, self.sent = f, False
+
+        def write(self, b):
+            if not self.sent:
+                self.sent = True
+                os.kill(os.getpid(), sig)
+                time.sleep(0.05)  # the handler would run here, inside the C++ writer
+            return self.f.write(b)
+
+        def flush(self):
+            self.f.flush()
+
+    def on_term(signum, frame):
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    path, state = tmp_path / "c.pt", {"x": torch.arange(100_000.0)}
+    try:
+        with pytest.raises(KeyboardInterrupt) as err:
+            atomic_write(path, lambda f: torch.save(state, Writes(f)), True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert isinstance(err.value, Terminated) == (sig == signal.SIGTERM)
+    assert torch.equal(torch.load(path)["x"], state["x"])  # written whole, then delivered
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
