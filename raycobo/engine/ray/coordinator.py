@@ -57,14 +57,22 @@ def _between_rounds(method):
 class CoordinatorImpl:
     """The body of the Coordinator actor (a plain class, testable in-process)."""
 
-    def __init__(self, cfg_dict: dict[str, Any], hosts: list[Any], layout: list[list[int]]):
+    def __init__(
+        self,
+        cfg_dict: dict[str, Any],
+        hosts: list[Any],
+        layout: list[list[int]],
+        parts: list | None = None,
+    ):
         from raycobo.algorithms import build_algorithm
         from raycobo.config import validate
 
         cfg = validate(cfg_dict)
         torch.set_num_threads(cfg.engine.threads or 1)
         e = cfg.engine
-        self.ops = RayClientOps(hosts, layout, e.timeout_s, e.max_restarts, e.on_failure)
+        self.ops = RayClientOps(
+            hosts, layout, e.timeout_s, e.max_restarts, e.on_failure, parts=parts
+        )
         self.algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
         self.staleness = e.staleness
         self.timing = RoundTiming()

@@ -11,7 +11,8 @@ def actor_lost() -> tuple[type[Exception], ...]:
 
 
 class HostStateLost(RuntimeError):
-    """A restarted host was asked for models it no longer holds (engine.resident)."""
+    """A restarted host was asked for what it no longer holds: its clients' data (until
+    the coordinator attaches it again) or its models (engine.resident)."""
 
 
 class HostsLost(RuntimeError):

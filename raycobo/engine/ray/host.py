@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from raycobo.engine.ray.errors import HostStateLost
+
 
 class ClientHostImpl:
     """The body of the ClientHost actor (plain class, so it can be tested in-process)."""
@@ -22,11 +24,14 @@ class ClientHostImpl:
         clients: list[int],
         slow_s: float = 0.0,
         n_total: int | None = None,
-        subset=None,
+        from_driver: bool = False,
     ):
-        """``subset``: this host's clients' data, put in the object store once by the
-        driver (Ray keeps it for restarts); without it the host loads the data set from
-        the config and keeps its clients' part (the same, deterministically)."""
+        """``from_driver``: this host's clients' data comes from the driver through the
+        object store, by :meth:`attach` (called again by the coordinator after Ray
+        restarted the host: a reference among the constructor's arguments would be
+        Ray's to keep for restarts, which it warns about); otherwise the host loads the
+        data set from the config and keeps its clients' part (the same,
+        deterministically, after a restart too)."""
         from raycobo.config import validate
         from raycobo.data import load_data
 
@@ -49,15 +54,32 @@ class ClientHostImpl:
         # Ray starts workers with OMP_NUM_THREADS=1: a host computes with engine.threads,
         # else with the CPUs it reserved (engine.cpus_per_actor, at least one)
         torch.set_num_threads(cfg.engine.threads or max(1, int(cfg.engine.cpus_per_actor)))
+        self.cfg = cfg
+        self.n_total = n_total
+        self._ops = None
+        if not from_driver:
+            data = load_data(cfg)  # rebuilt from the config: deterministic
+            self.n_total = data.n_clients
+            self.attach(data.subset(clients))
+            del data
+
+    def attach(self, subset) -> None:
+        """This host's clients' data (a FederatedData subset)."""
         from raycobo.engine import make_local_ops
 
-        if subset is None:
-            data = load_data(cfg)  # rebuilt from the config: deterministic
-            n_total, subset = data.n_clients, data.subset(clients)
-            del data
-        self.ops = make_local_ops(cfg, subset, self.device, torch.tensor(clients))
-        self.n_total = n_total
-        self.cfg = cfg
+        self._ops = make_local_ops(self.cfg, subset, self.device, torch.tensor(self.clients))
+
+    @property
+    def ops(self):
+        if self._ops is None:
+            raise HostStateLost(
+                f"host of clients {self.clients[0]}..{self.clients[-1]} was restarted and "
+                "has not had its data again"
+            )
+        return self._ops
+
+    def needs_data(self) -> bool:
+        return self._ops is None
 
     def info(self) -> dict[str, Any]:
         return {

@@ -10,7 +10,7 @@ import torch
 
 from raycobo import rng
 from raycobo.algorithms.base import Evaluation
-from raycobo.engine.ray.errors import HostsLost, actor_lost
+from raycobo.engine.ray.errors import HostsLost, HostStateLost, actor_lost
 
 
 class RayClientOps:
@@ -23,7 +23,10 @@ class RayClientOps:
         timeout_s: float,
         retries: int,
         on_failure: str = "restart",
+        parts: list | None = None,
     ):
+        """``parts``: each host's data in the object store (None or empty: the hosts load
+        their own), attached again to a host Ray restarted."""
         import ray
 
         self.ray = ray
@@ -32,6 +35,7 @@ class RayClientOps:
         self.timeout_s = timeout_s
         self.retries = retries
         self.on_failure = on_failure
+        self.parts = list(parts or [])
         self.dead: set[int] = set()  # hosts given up on (engine.on_failure=drop)
         self.events: list[dict[str, Any]] = []
         self.n_clients = sum(len(b) for b in layout)
@@ -72,7 +76,7 @@ class RayClientOps:
                 t1 = time.perf_counter()
                 try:
                     out[h] = self.get(ref)
-                except actor_lost() as err:
+                except (*actor_lost(), HostStateLost) as err:  # dead, or restarted bare
                     failed[h] = pending[h]
                     self.events.append(
                         {
@@ -114,10 +118,22 @@ class RayClientOps:
                         "engine.timeout_s, room on the live nodes)"
                     )
                 try:
-                    self.ray.get(self.hosts[h].info.remote(), timeout=min(left, 10.0))
+                    self.reattach([h], timeout=min(left, 10.0))
                     break
                 except (*actor_lost(), GetTimeoutError):
                     time.sleep(0.5)
+
+    def reattach(self, hosts: list[int], timeout: float | None = None) -> None:
+        """Give the hosts among ``hosts`` that Ray restarted their data again (when the
+        driver sent it; a host that loads its own did so in its constructor)."""
+        bound = self.timeout_s if timeout is None else timeout
+        needs = self.ray.get([self.hosts[h].needs_data.remote() for h in hosts], timeout=bound)
+        again = [
+            self.hosts[h].attach.remote(self.parts[h])
+            for h, n in zip(hosts, needs, strict=True)
+            if n
+        ]
+        self.ray.get(again, timeout=bound)
 
     def _split(self, clients: torch.Tensor, *arrays: torch.Tensor):
         clients = clients.cpu()

@@ -254,6 +254,7 @@ class ResidentRounds:
         deadline = time.monotonic() + wait_s
         while True:
             try:
+                self.ops.reattach(self.ops.live_hosts())
                 self._load_hosts(self.blocks)
                 return
             except actor_lost():

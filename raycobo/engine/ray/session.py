@@ -51,7 +51,8 @@ def check_policy(cfg: Config) -> None:
 
 def place_hosts(cfg: Config, layout: list[list[int]], n: int, parts: list) -> list:
     """One host actor per block of ``layout``; ``parts``: each host's data in the object
-    store (empty: the hosts load the data set themselves)."""
+    store, attached once the host stands (empty: the hosts load the data set
+    themselves). -> the hosts, with their ``attach`` calls queued before any other"""
     import ray
 
     e = cfg.engine
@@ -74,12 +75,14 @@ def place_hosts(cfg: Config, layout: list[list[int]], n: int, parts: list) -> li
                 num_gpus=e.gpus_per_client * len(block),
                 max_restarts=e.max_restarts if e.on_failure == "restart" else 0,
                 **plugins,
-            ).remote(cfg_dict, block, slow, n, parts[h] if parts else None)
+            ).remote(cfg_dict, block, slow, n, bool(parts))
         )
+        if parts:  # Ray runs an actor's calls in order: this one before any other
+            hosts[-1].attach.remote(parts[h])
     return hosts
 
 
-def place_coordinator(cfg: Config, hosts: list, layout: list[list[int]]):
+def place_coordinator(cfg: Config, hosts: list, layout: list[list[int]], parts: list):
     """The coordinator on the driver's node (not soft: Ray's soft affinity was seen to
     place it elsewhere), so a run outlives the loss of any other node. Its math (W
     updates, penalties) is light next to the hosts' passes: it reserves no CPU."""
@@ -89,7 +92,9 @@ def place_coordinator(cfg: Config, hosts: list, layout: list[list[int]]):
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     Coord = ray.remote(CoordinatorImpl)
     options = {"num_cpus": 0, "scheduling_strategy": here, **plugin_options(cfg)}
-    return Coord.options(**options).remote(cfg.to_dict(), hosts, layout)
+    # ``parts``: the hosts' data, attached again to a host Ray restarted (the coordinator
+    # itself is not restarted, so references among its arguments are safe with Ray)
+    return Coord.options(**options).remote(cfg.to_dict(), hosts, layout, parts)
 
 
 class RaySession:
@@ -116,7 +121,7 @@ class RaySession:
         self.coordinator = None
         try:  # every host placed and its data loaded, or one line saying what is missing
             wait_for_hosts([h.info.remote() for h in self.hosts], self.plan, cfg.engine)
-            self.coordinator = place_coordinator(cfg, self.hosts, self.layout)
+            self.coordinator = place_coordinator(cfg, self.hosts, self.layout, self._host_data)
             info = self._get(self.coordinator.describe.remote())
         except BaseException:
             self.close()

@@ -113,6 +113,21 @@ def test_a_killed_host_is_restarted_and_the_run_matches(
 
 
 @pytest.mark.parametrize("resident", [False, True])
+def test_hosts_take_the_drivers_data_without_rays_restart_warning(
+    ray_2_cpus_2_fake_gpus, quad_cfg_module, resident, capfd
+):
+    """(#39 item 19) Each host's data went to it as a constructor argument in the object
+    store, and Ray printed `core_worker.cc … E … has constructor arguments in the object
+    store and max_restarts > 0` on every successful run: the data is attached by a call
+    (and again by the coordinator after a restart, as the test above checks)."""
+    cfg = with_overrides(quad_cfg_module, {"algorithm.name": "cobo", "engine.resident": resident})
+    assert cfg.engine.max_restarts > 0 and cfg.engine.on_failure == "restart"
+    run_ray(cfg, 2)
+    err = capfd.readouterr().err
+    assert "constructor arguments" not in err, err[-800:]
+
+
+@pytest.mark.parametrize("resident", [False, True])
 def test_clients_join_and_leave_on_ray_as_on_the_local_engine(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, tmp_path, resident
 ):
