@@ -49,7 +49,8 @@ test-slow: install
 test-all: install
 	$(PY) -m pytest -q
 
-# `ray up` / `ray submit` / `ray exec` / `ray down` over SSH on loopback (needs sshd, rsync)
+# `ray up` / `ray submit` / `ray exec` / `ray down` over SSH: a head on loopback and, as root
+# with iproute2, a worker host in a network namespace (needs sshd, rsync)
 cluster-test: install
 	$(PY) -m pytest -q -s tests/cluster/test_ray_up.py
 

@@ -418,6 +418,7 @@ def _trial_rows(results, statuses: dict[str, tuple[str, str]]) -> list[dict[str,
                 "metrics": {k: metrics.get(k) for k in (*REPORTED, "round")},
                 "status": status,
                 "error": error,
+                "node": metrics.get("node_ip"),  # where its last result came from
                 "path": r.path,
             }
         )

@@ -46,8 +46,10 @@ def free_port() -> int:
 
 
 class LoopbackSSH:
-    def __init__(self, root: Path, env: dict[str, str]):
+    def __init__(self, root: Path, env: dict[str, str], listen: tuple[str, ...] = ()):
+        """``listen``: addresses besides 127.0.0.1 and 127.0.0.2 (e.g. a bridge's)."""
         self.root = root
+        self.listen = ("127.0.0.1", "127.0.0.2", *listen)
         self.home = root / "home"
         self.port = free_port()
         self.key = root / "id_ed25519"
@@ -58,7 +60,7 @@ class LoopbackSSH:
 
     def start(self, timeout_s: float = 30.0) -> None:
         sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-        self.home.mkdir(parents=True)
+        self.root.mkdir(parents=True, exist_ok=True)
         for key in (self.root / "host_key", self.key):
             subprocess.run(
                 ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True
@@ -66,30 +68,7 @@ class LoopbackSSH:
         (self.root / "authorized_keys").write_text(self.key.with_suffix(".pub").read_text())
         os.chmod(self.root / "authorized_keys", 0o600)
         self.relay.write_text(RELAY)
-        exports = "".join(f"export {k}='{v}'\n" for k, v in self.env.items())
-        wrapper = self.root / "session.sh"
-        wrapper.write_text(
-            "#!/bin/bash\n"
-            f"export HOME='{self.home}'\n{exports}cd \"$HOME\"\n"
-            'if [ -n "$SSH_ORIGINAL_COMMAND" ]; then exec /bin/bash -c "$SSH_ORIGINAL_COMMAND"; '
-            "else exec /bin/bash -l; fi\n"
-        )
-        os.chmod(wrapper, 0o755)
-        user = (
-            os.environ.get("USER")
-            or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
-        )
-        config = self.root / "sshd_config"
-        config.write_text(
-            f"Port {self.port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\n"
-            f"HostKey {self.root / 'host_key'}\n"
-            f"AuthorizedKeysFile {self.root / 'authorized_keys'}\n"
-            f"PidFile {self.root / 'sshd.pid'}\n"
-            "StrictModes no\nUsePAM no\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-            f"AllowUsers {user}\nForceCommand {wrapper}\nX11Forwarding no\n"
-            "MaxStartups 100\nMaxSessions 100\n"
-        )
+        config = self.write_config(self.root, self.home, self.port, self.listen)
         if not Path("/run/sshd").is_dir():  # sshd's privilege-separation directory
             Path("/run/sshd").mkdir(mode=0o755, parents=True)
             self._made_run_dir = True
@@ -110,10 +89,62 @@ class LoopbackSSH:
                     raise
                 time.sleep(0.1)
 
-    def proxy_command(self) -> str:
-        return f"{sys.executable} {self.relay} %h {self.port}"
+    def write_config(self, root: Path, home: Path, port: int, listen) -> Path:
+        """An sshd config in ``root`` with this server's keys, listening on ``port`` of
+        ``listen``, every session run by a wrapper with HOME=``home`` and the test's
+        environment. -> the config's path"""
+        exports = "".join(f"export {k}='{v}'\n" for k, v in self.env.items())
+        # ssh expands "~/" in -i from the passwd entry, not from HOME: the head's
+        # autoscaler dials the workers with -i ~/ray_bootstrap_key.pem, which must be
+        # the one in the test's home (on a real machine the two homes are one)
+        tools = self.root / "bin"
+        tools.mkdir(exist_ok=True)
+        (tools / "ssh").write_text(
+            "#!/bin/bash\nargs=()\nkey=0\n"  # the value of -i only (not the remote command)
+            'for a in "$@"; do\n'
+            '  if [ $key = 1 ]; then case "$a" in "~/"*) a="$HOME/${a#\\~/}";; esac; fi\n'
+            '  [ "$a" = -i ] && key=1 || key=0; args+=("$a")\ndone\n'
+            f'exec {shutil.which("ssh") or "/usr/bin/ssh"} "${{args[@]}}"\n'
+        )
+        os.chmod(tools / "ssh", 0o755)
+        exports += f'export PATH="{tools}:$PATH"\n'
+        home.mkdir(parents=True, exist_ok=True)  # Ray's commands run login shells, which
+        (home / ".bashrc").write_text(f'export PATH="{tools}:$PATH"\n')  # reset PATH
+        wrapper = root / "session.sh"
+        wrapper.write_text(
+            "#!/bin/bash\n"
+            f"export HOME='{home}'\n{exports}cd \"$HOME\"\n"
+            'if [ -n "$SSH_ORIGINAL_COMMAND" ]; then exec /bin/bash -c "$SSH_ORIGINAL_COMMAND"; '
+            "else exec /bin/bash -l; fi\n"
+        )
+        os.chmod(wrapper, 0o755)
+        user = (
+            os.environ.get("USER")
+            or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+        )
+        config = root / "sshd_config"
+        config.write_text(
+            f"Port {port}\n"
+            + "".join(f"ListenAddress {a}\n" for a in listen)
+            + f"HostKey {self.root / 'host_key'}\n"
+            f"AuthorizedKeysFile {self.root / 'authorized_keys'}\n"
+            f"PidFile {root / 'sshd.pid'}\n"
+            "StrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+            f"AllowUsers {user}\nForceCommand {wrapper}\nX11Forwarding no\n"
+            "MaxStartups 100\nMaxSessions 100\n"
+        )
+        return config
 
-    def ssh(self, host: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    def proxy_command(self, port: int | None = None) -> str:
+        return f"{sys.executable} {self.relay} %h {port or self.port}"
+
+    def ssh(
+        self, host: str, command: str, timeout: float = 60, port: int | None = None
+    ) -> subprocess.CompletedProcess:
+        """``command`` over SSH on ``host``, through the relay to ``port`` (default: this
+        server's)."""
+        proxy = self.proxy_command() if port is None else self.proxy_command(port)
         return subprocess.run(
             [
                 "ssh",
@@ -126,7 +157,7 @@ class LoopbackSSH:
                 "-o",
                 "IdentitiesOnly=yes",
                 "-o",
-                f"ProxyCommand={self.proxy_command()}",
+                f"ProxyCommand={proxy}",
                 f"{os.environ.get('USER', 'root')}@{host}",
                 command,
             ],
