@@ -120,6 +120,10 @@ def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_pa
     failed = [t for t in summary["trials"] if t["status"] == "error"]
     assert all(t["config"]["algorithm.lr"] == 40.0 and t["error"] for t in failed)
     assert summary["best"]["config"]["algorithm.lr"] == 0.1
+    import ray
+
+    # where each trial ran (this machine's one node; test_ray_up checks two)
+    assert {t["node"] for t in summary["trials"]} == {ray.util.get_node_ip_address()}
 
     from mlflow.tracking import MlflowClient
 
