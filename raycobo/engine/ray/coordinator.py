@@ -121,6 +121,10 @@ class CoordinatorImpl:
         return self.policy.collaboration()
 
     @_between_rounds
+    def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
+        return self.policy.agreement(W)
+
+    @_between_rounds
     def models(self) -> torch.Tensor:
         return self.policy.models()
 

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import Elastic, Evaluation, ExportsArtifacts, evaluate, round_result
+from raycobo.algorithms.base import Elastic, Evaluation
 from raycobo.engine.ray.ops import AsyncGrads, RayClientOps
-from raycobo.state import load_into, state_tree
+from raycobo.engine.session import LocalSession
+from raycobo.state import state_tree
 
 
 @dataclass
@@ -46,6 +47,7 @@ class RoundPolicy(Protocol):
     def evaluate(self) -> Evaluation: ...
     def models(self) -> torch.Tensor: ...
     def collaboration(self) -> torch.Tensor | None: ...
+    def agreement(self, W: torch.Tensor | None) -> dict[str, float]: ...
     def artifacts(self) -> dict[str, Any]: ...
     def change_membership(self, kind: str, clients: list[int]) -> None: ...
     def snapshot(self) -> dict[str, Any]: ...
@@ -61,22 +63,23 @@ def elastic_or_stop(algo, why: str) -> Elastic:
     return algo
 
 
-class SyncRounds:
-    """The algorithm's state in the coordinator; each round is the algorithm's own."""
+class SyncRounds(LocalSession):
+    """The algorithm's state in the coordinator; each round is the algorithm's own. The
+    local engine's session over the hosts' ClientOps: the same methods, one code (a
+    capability such as ``KeepsOwnAgreement`` is honoured on both engines), with what
+    only a remote coordinator needs: plain CPU tensors in its answers, results in flight
+    in its snapshots (:class:`StaleRounds`), and clients dropped with a lost host."""
 
     def __init__(self, algo, ops: RayClientOps, timing: RoundTiming):
-        self.algo, self.ops, self.timing = algo, ops, timing
-        self.state: Any = None
+        super().__init__(algo, ops)
+        self.timing = timing
 
-    def start(self) -> None:
-        self.state = self.algo.init(self.ops)
+    @property
+    def algo(self):
+        return self.algorithm
 
     def restore(self, tree: dict[str, Any]) -> None:
-        self.state = load_into(self.algo.init(self.ops), tree["state"])
-
-    def round(self, t: int) -> dict[str, float]:
-        self.state, stats = round_result(self.algo, self.algo.round(self.state, t, self.ops))
-        return stats
+        super().restore(tree["state"])
 
     def drop(self, clients: list[int], t: int) -> None:
         """Hosts died (engine.on_failure=drop): their clients leave; the round reruns."""
@@ -84,29 +87,20 @@ class SyncRounds:
         self.state = algo.leave(self.state, clients)
         self.ops.events.append({"event": "clients_dropped", "round": t, "clients": clients})
 
-    def evaluate(self) -> Evaluation:
-        return evaluate(self.algo, self.state, self.ops)
-
     def models(self) -> torch.Tensor:
-        return self.algo.eval_params(self.state).detach().cpu()
+        return super().models().detach().cpu()
 
     def collaboration(self) -> torch.Tensor | None:
-        W = self.algo.collaboration(self.state)
+        W = super().collaboration()
         return None if W is None else W.detach().cpu()
 
-    def artifacts(self) -> dict[str, Any]:
-        if isinstance(self.algo, ExportsArtifacts):
-            return self.algo.artifacts(self.state)
-        return {}
-
     def change_membership(self, kind: str, clients: list[int]) -> None:
-        algo = self.algo
-        if not isinstance(algo, Elastic):
-            raise ValueError(f"algorithm '{algo.name}' has no clients joining or leaving")
-        self.state = (algo.join if kind == "join" else algo.leave)(self.state, clients)
+        if not isinstance(self.algo, Elastic):
+            raise ValueError(f"algorithm '{self.algo.name}' has no clients joining or leaving")
+        super().change_membership(kind, clients)
 
     def snapshot(self) -> dict[str, Any]:
-        return {"state": state_tree(self.state), "pending": []}
+        return {"state": super().snapshot(), "pending": []}
 
     def report(self) -> dict[str, Any]:
         return {}
@@ -155,7 +149,7 @@ class StaleRounds(SyncRounds):
             {"round": r, "edges": edges.clone(), "request": state_tree(list(req.request))}
             for r, edges, req in self.pending
         ]
-        return {"state": state_tree(self.state), "pending": pending}
+        return {**super().snapshot(), "pending": pending}
 
     def restore(self, tree: dict[str, Any]) -> None:
         super().restore(tree)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raycobo.algorithms.base import Evaluation
+from raycobo.algorithms.base import Evaluation, cluster_agreement
 from raycobo.engine.ray.errors import HostStateLost, actor_lost
 from raycobo.engine.ray.ops import RayClientOps, gather_evaluation
 from raycobo.engine.ray.policies import RoundTiming
@@ -149,6 +149,9 @@ class ResidentRounds:
 
     def collaboration(self) -> torch.Tensor | None:
         return self.algo.collaboration(self._state()).clone()
+
+    def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
+        return cluster_agreement(W, self.ops.clusters)  # resident hosts need a dense W
 
     def artifacts(self) -> dict[str, Any]:
         return {}

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from raycobo.algorithms.base import Elastic, Evaluation, cluster_agreement
+from raycobo.algorithms.base import Elastic, Evaluation
 from raycobo.config import Config, ConfigError
 from raycobo.engine.ray.coordinator import CoordinatorImpl
 from raycobo.engine.ray.host import ClientHostImpl
@@ -161,7 +161,7 @@ class RaySession:
         return self._get(self.coordinator.collaboration.remote())
 
     def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
-        return cluster_agreement(W, self.clusters) if W is not None else {}
+        return self._get(self.coordinator.agreement.remote(W))
 
     def change_membership(self, kind: str, clients: list[int]) -> None:
         self._get(self.coordinator.change_membership.remote(kind, list(clients)))

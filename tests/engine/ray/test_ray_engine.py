@@ -489,3 +489,45 @@ def test_a_plugin_method_runs_on_ray_with_the_local_numbers(
     env = plugin_runtime_env(cfg)
     assert env is not None and env["py_modules"][0].__name__ == "fedprox_on_ray"
     ray_matches_local(cfg, 3)
+
+
+def test_an_algorithms_own_cluster_agreement_is_used_on_ray(
+    ray_2_cpus_2_fake_gpus, digits_cfg, tmp_path
+):
+    """(#34 item 3) The Ray engine's synchronous rounds are the local engine's session
+    over the hosts' ops: an algorithm that reports its own agreement (a sparse W too
+    large to export, or a plugin's) gets it on both engines. The Ray session computed it
+    from the exported W only, so it reported nothing where the local engine reported
+    the algorithm's."""
+    from pathlib import Path
+
+    from raycobo.engine import open_session
+
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    example = Path(__file__).resolve().parents[3] / "examples" / "plugins" / "fedprox.py"
+    text = example.read_text() + (
+        "\n\nclass Agreeing(FedProx):\n"
+        "    def cluster_agreement(self, state, clusters):\n"
+        "        return {'w_within': 0.75, 'w_across': 0.125, 'mass_inside': 0.5}\n"
+    )
+    (folder / "agreeing_on_ray.py").write_text(text)
+    base = with_overrides(
+        digits_cfg(
+            "engine.clients_per_actor=2",
+            "engine.cpus_per_actor=0.5",
+            f"engine.timeout_s={TIMEOUT}",
+            f"plugin_paths=[{folder}]",
+        ),
+        {"algorithm.name": "agreeing_on_ray:Agreeing"},
+    )
+    seen = {}
+    for kind in ("local", "ray"):
+        session, _ = open_session(with_overrides(base, {"engine.kind": kind}))
+        try:
+            session.start()
+            seen[kind] = session.agreement(session.collaboration())
+        finally:
+            session.close()
+    assert seen["local"] == {"w_within": 0.75, "w_across": 0.125, "mass_inside": 0.5}
+    assert seen["ray"] == seen["local"]
