@@ -2,6 +2,8 @@
 
 import csv
 
+import pytest
+
 from typer.testing import CliRunner
 
 from raycobo.cli import app
@@ -20,6 +22,10 @@ def test_bench_engine_and_scaling_write_their_outputs(tmp_path):
     chosen = {(r["model"], r["engine"]): r["strategy"] for r in rows}
     assert chosen[("cnn", "local")] == "loop" and chosen[("mlp", "local")] == "chunked"
     assert all(float(r["peak_mib"]) > 0 for r in rows)
+    # the local rows give the round's FLOPs and its share of this machine's limit
+    local = [r for r in rows if r["engine"] == "local"]
+    assert all(float(r["gflop_per_round"]) > 0 and float(r["limit_ms"]) > 0 for r in local)
+    assert "GFLOP/round" in res.output and "of the round's" in res.output
     assert "| mlp | 4 | cobo |" in res.output
     bad = CliRunner().invoke(app, ["bench", "engine", "--model", "vgg"])
     assert bad.exit_code == 2 and "--model" in bad.stderr
@@ -133,3 +139,41 @@ def test_bench_paper_measures_cobo_against_one_plain_model(tmp_path):
         assert r["strategy"] == "loop"  # conv nets on a CPU
     bad = CliRunner().invoke(app, ["bench", "paper", "--precision", "fp8"])
     assert bad.exit_code == 2 and "--precision" in bad.stderr
+
+
+def test_round_limit_counts_each_phase_and_replays_its_operators():
+    """A known round: the gradients of 2 alignment rows and 3 model-step rows in one call
+    (one (5, 8, 4) batched product), a penalty product (6x7 @ 7x2) outside the
+    gradients, an evaluation (3x4 @ 4x5): FLOPs by torch's counter (2mnk), split by rows;
+    the replayed time is positive; the ops' own grads is back afterwards."""
+    import torch
+
+    from raycobo import rng
+    from raycobo.bench.limit import round_limit
+
+    class Ops:
+        def grads(self, clients, Z, round, stream, salt=0):
+            G = torch.bmm(torch.randn(5, 8, 4), torch.randn(5, 4, 3))
+            return G, torch.zeros(clients.numel())
+
+    class Session:
+        def __init__(self, ops):
+            self.ops = ops
+
+        def round(self, t):
+            streams = torch.tensor([rng.ALIGN] * 2 + [rng.STEP] * 3)
+            self.ops.grads(torch.arange(5), None, t, streams, 0)
+            torch.randn(6, 7) @ torch.randn(7, 2)
+
+        def evaluate(self):
+            return torch.randn(3, 4) @ torch.randn(4, 5)
+
+    ops = Ops()
+    lim = round_limit(Session(ops), ops, 0)
+    g = 2 * 5 * 8 * 4 * 3 / 1e9
+    assert lim.gflop["alignment"] == pytest.approx(g * 2 / 5)
+    assert lim.gflop["model step"] == pytest.approx(g * 3 / 5)
+    assert lim.gflop["penalty and W"] == pytest.approx(2 * 6 * 7 * 2 / 1e9)
+    assert lim.eval_gflop == pytest.approx(2 * 3 * 4 * 5 / 1e9)
+    assert all(v > 0 for v in lim.limit_ms.values()) and lim.eval_limit_ms > 0
+    assert "grads" not in ops.__dict__

@@ -5,7 +5,8 @@ each model and number of clients, with time per round and peak memory.
 Each (model, n, engine) is measured in a fresh process, so its peak resident memory is
 its own. The workload is the platform's own: FedAvg and CoBo (constant sampling,
 p = 1/n, rho auto) from ``raycobo.algorithms`` over ``make_local_ops``, on synthetic
-inputs of the model's shape.
+inputs of the model's shape. Each local-engine row also gives the round's FLOPs and
+its share of this machine's limit on the round's own operators (``bench/limit.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from raycobo.bench.common import _time, peak_rss_mb, started, synthetic_data, write_rows
+from raycobo.bench.limit import round_limit
 
 SHAPES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cnn1d": (1, 40), "resnet9": (3, 32, 32)}
 
@@ -34,6 +36,9 @@ class EngineRow:
     speedup_vs_loop: float | None
     peak_mib: float
     threads: int
+    gflop_per_round: float | None = None  # the round's matrix products and convolutions
+    limit_ms: float | None = None  # the same operators replayed back to back here
+    share_of_limit: float | None = None  # limit_ms / ms_per_round
 
 
 def workload(model: str, n: int, engine: str, batch_size: int, extra: list[str] | None = None):
@@ -90,14 +95,21 @@ def measure(
 
         sec = _time(step, rounds, warmup=1)
         ev = _time(lambda t, s=session: s.evaluate(), 1, warmup=0)
-        out.append(
-            {
-                "algorithm": name,
-                "ms_per_round": 1e3 * sec,
-                "eval_ms": 1e3 * ev,
-                "strategy": ops.execution.strategy if engine == "local" else "loop",
+        row = {
+            "algorithm": name,
+            "ms_per_round": 1e3 * sec,
+            "eval_ms": 1e3 * ev,
+            "strategy": ops.execution.strategy if engine == "local" else "loop",
+        }
+        if engine == "local":  # the round's arithmetic and this machine's limit for it
+            lim = round_limit(session, ops, rounds + 1)
+            row |= {
+                "gflop_per_round": lim.round_gflop,
+                "limit_ms": lim.round_limit_ms,
+                "share_of_limit": lim.share(1e3 * sec),
+                "limit_line": lim.line(1e3 * sec),
             }
-        )
+        out.append(row)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb()
     return [{**r, "peak_mib": peak} for r in out]
 
@@ -142,6 +154,7 @@ def bench_engine(
                         f"{loop_r['peak_mib']:7.0f} MiB   "
                         f"x{loop_r['ms_per_round'] / r['ms_per_round']:.2f}"
                     )
+                    echo(f"{'':8s} {r['algorithm']}: {r['limit_line']}")
     if out is not None:
         write_rows(out / "bench_engine.csv", rows)
     return rows
@@ -160,6 +173,9 @@ def _row(model: str, n: int, engine: str, r: dict, loop_r: dict, threads: int) -
         speed,
         r["peak_mib"],
         threads,
+        r.get("gflop_per_round"),
+        r.get("limit_ms"),
+        r.get("share_of_limit"),
     )
 
 
@@ -167,8 +183,8 @@ def as_markdown(rows: list[EngineRow]) -> str:
     """The README's table: one line per (model, n, algorithm)."""
     lines = [
         "| model | n | algorithm | local (strategy) ms/round | loop ms/round | local/loop speed | "
-        "peak MiB local / loop |",
-        "|---|---|---|---|---|---|---|",
+        "peak MiB local / loop | GFLOP/round | share of limit |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     loops = {(r.model, r.n, r.algorithm): r for r in rows if r.engine == "loop"}
     for a in rows:
@@ -178,6 +194,7 @@ def as_markdown(rows: list[EngineRow]) -> str:
         lines.append(
             f"| {a.model} | {a.n} | {a.algorithm} | {a.ms_per_round:.1f} ({a.strategy}) | "
             f"{b.ms_per_round:.1f} | x{b.ms_per_round / a.ms_per_round:.2f} | "
-            f"{a.peak_mib:.0f} / {b.peak_mib:.0f} |"
+            f"{a.peak_mib:.0f} / {b.peak_mib:.0f} | {a.gflop_per_round or 0:.3f} | "
+            f"{100 * (a.share_of_limit or 0):.0f} % |"
         )
     return "\n".join(lines) + "\n"

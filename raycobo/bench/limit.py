@@ -1,0 +1,182 @@
+"""A round's arithmetic and the machine's limit for it (``raycobo bench engine``).
+
+One round is run under a dispatch mode that records every matrix product and
+convolution it executes (the operators that carry its arithmetic), each with the phase
+that issued it: the clients' gradients (split into the model step and CoBo's alignment
+by the rows each asked for), everything else in the round (the penalty's W @ X, W
+updates), and one evaluation. Each recorded operator's FLOPs come from torch's own
+counter (``torch.utils.flop_counter``); the **limit** is the time the same operators take
+when replayed back to back on this machine, on tensors of the same shapes, strides and
+dtypes, measured in the same call. ``limit_ms / round_ms`` is then the share of the
+machine's attainable throughput on the round's own shapes that the round reaches: what
+is left is overhead (minibatch gathering, elementwise work, Python, allocation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+aten = torch.ops.aten
+HEAVY = {  # by overload packet: the ``out=`` forms the fused kernels call count too
+    aten.mm,
+    aten.addmm,
+    aten.bmm,
+    aten.baddbmm,
+    aten.convolution,
+    aten.convolution_backward,
+}
+
+
+def _meta(x: Any) -> Any:
+    """A hashable description of an operator argument (tensors by layout)."""
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, x.device.type)
+    if isinstance(x, list | tuple):
+        return ("L" if isinstance(x, list) else "U", tuple(_meta(v) for v in x))
+    return x
+
+
+def _make(m: Any) -> Any:
+    """An argument like the one ``m`` describes (tensors of random values)."""
+    if isinstance(m, tuple) and len(m) == 5 and m[0] == "T":
+        # the same view of a storage of its own (a stride of 0, as expand() makes, too)
+        _, shape, stride, dtype, device = m
+        span = sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+        base = torch.empty(1 + span if all(shape) else 0, dtype=dtype, device=device)
+        base = base.normal_() if dtype.is_floating_point else base.zero_()
+        return base.as_strided(shape, stride)
+    if isinstance(m, tuple) and len(m) == 2 and m[0] in ("L", "U"):
+        items = [_make(v) for v in m[1]]
+        return items if m[0] == "L" else tuple(items)
+    return m
+
+
+class _Recorder(TorchDispatchMode):
+    """Counts the heavy operators a block runs, by (operator, argument layout, phase)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: Counter = Counter()
+        self.phase = "other"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func._overloadpacket in HEAVY:
+            key = (func, _meta(args), tuple(sorted((k, _meta(v)) for k, v in kwargs.items())))
+            self.seen[(key, self.phase)] += 1
+        return func(*args, **kwargs)
+
+
+def _replay_seconds(key, min_s: float = 0.02, max_reps: int = 200) -> tuple[float, float]:
+    """(seconds per call, FLOPs per call) of one recorded operator on fresh tensors."""
+    func, args_m, kwargs_m = key
+    args, kwargs = _make(args_m), {k: _make(v) for k, v in kwargs_m}
+    with FlopCounterMode(display=False) as fc:
+        func(*args, **kwargs)
+    flops = float(fc.get_total_flops())
+    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    func(*args, **kwargs)  # warm
+    sync()
+    reps, t0 = 0, time.perf_counter()
+    while reps < max_reps and (reps < 3 or time.perf_counter() - t0 < min_s):
+        func(*args, **kwargs)
+        reps += 1
+    sync()
+    return (time.perf_counter() - t0) / reps, flops
+
+
+@dataclass
+class Limit:
+    """FLOPs and the replayed-operator time of one round, by phase (and of one
+    evaluation)."""
+
+    gflop: dict[str, float] = field(default_factory=dict)  # by phase
+    limit_ms: dict[str, float] = field(default_factory=dict)  # by phase
+    eval_gflop: float = 0.0
+    eval_limit_ms: float = 0.0
+
+    @property
+    def round_gflop(self) -> float:
+        return sum(self.gflop.values())
+
+    @property
+    def round_limit_ms(self) -> float:
+        return sum(self.limit_ms.values())
+
+    def share(self, round_ms: float) -> float:
+        """The round's share of the machine's limit on its own operators."""
+        return self.round_limit_ms / round_ms if round_ms > 0 else float("nan")
+
+    def line(self, round_ms: float) -> str:
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in self.gflop.items() if v > 0)
+        rate = 1e3 * self.round_gflop / self.round_limit_ms if self.round_limit_ms else 0.0
+        return (
+            f"{self.round_gflop:.3f} GFLOP/round ({parts}); its operators replayed: "
+            f"{self.round_limit_ms:.2f} ms ({rate:.0f} GFLOP/s) = "
+            f"{100 * self.share(round_ms):.0f} % of the round's {round_ms:.2f} ms; "
+            f"evaluation {self.eval_gflop:.3f} GFLOP, "
+            f"limit {self.eval_limit_ms:.2f} ms"
+        )
+
+
+def round_limit(session, ops, t: int) -> Limit:
+    """Record round ``t`` of a started session (and one evaluation) and replay each heavy
+    operator it ran: its FLOPs and the machine's time for it, by phase."""
+    rec = _Recorder()
+    rows = Counter()
+    real_grads = ops.grads
+
+    def grads(clients, Z, round, stream, salt=0):
+        from raycobo import rng
+
+        before = rec.phase
+        rec.phase = "gradients"
+        try:
+            s = stream if isinstance(stream, torch.Tensor) else torch.tensor([stream])
+            s = s.expand(clients.numel()) if s.numel() == 1 else s
+            rows["alignment"] += int((s == rng.ALIGN).sum())
+            rows["model step"] += int(s.numel() - (s == rng.ALIGN).sum())
+            return real_grads(clients, Z, round, stream, salt)
+        finally:
+            rec.phase = before
+
+    own = ops.__dict__.get("grads")  # an instance's own grads, if it has one
+    ops.grads = grads
+    try:
+        with rec:
+            session.round(t)
+        rec.phase = "evaluation"
+        with rec:
+            session.evaluate()
+    finally:
+        if own is None:
+            del ops.grads  # the class's method again
+        else:
+            ops.grads = own
+    out = Limit()
+    for (key, phase), count in rec.seen.items():
+        sec, flops = _replay_seconds(key)
+        if phase == "evaluation":
+            out.eval_gflop += count * flops / 1e9
+            out.eval_limit_ms += count * sec * 1e3
+            continue
+        out.gflop[phase] = out.gflop.get(phase, 0.0) + count * flops / 1e9
+        out.limit_ms[phase] = out.limit_ms.get(phase, 0.0) + count * sec * 1e3
+    total = sum(rows.values())
+    if "gradients" in out.gflop and total:  # equal work per row: split by rows
+        g, ms = out.gflop.pop("gradients"), out.limit_ms.pop("gradients")
+        for part, r in rows.items():
+            out.gflop[part] = g * r / total
+            out.limit_ms[part] = ms * r / total
+    if "other" in out.gflop:
+        out.gflop["penalty and W"] = out.gflop.pop("other")
+        out.limit_ms["penalty and W"] = out.limit_ms.pop("other")
+    return out
