@@ -3,7 +3,6 @@
 import csv
 
 import pytest
-
 from typer.testing import CliRunner
 
 from raycobo.cli import app
