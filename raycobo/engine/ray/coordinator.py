@@ -10,10 +10,15 @@ from typing import Any
 
 import torch
 
-from raycobo.algorithms.base import PlansAlignment
 from raycobo.engine.ray.errors import HostsLost
 from raycobo.engine.ray.ops import RayClientOps
-from raycobo.engine.ray.policies import RoundPolicy, RoundTiming, StaleRounds, SyncRounds
+from raycobo.engine.ray.policies import (
+    RoundPolicy,
+    RoundTiming,
+    StaleRounds,
+    SyncRounds,
+    round_mode,
+)
 
 # what every engine report holds, whatever the policy adds
 REPORT_DEFAULTS = {
@@ -26,15 +31,14 @@ REPORT_DEFAULTS = {
 
 
 def choose_policy(cfg, algo, ops: RayClientOps, timing: RoundTiming) -> RoundPolicy:
-    """The round policy of a run: resident, bounded staleness (an algorithm that plans
-    its alignment, with engine.staleness > 0) or synchronous."""
-    e = cfg.engine
-    if e.resident:
+    """The round policy of the run's mode (:func:`round_mode`)."""
+    mode = round_mode(cfg, algo)
+    if mode == "resident":
         from raycobo.engine.ray.resident import ResidentRounds
 
         return ResidentRounds(algo, ops, timing, cfg.rounds)
-    if e.staleness > 0 and isinstance(algo, PlansAlignment):
-        return StaleRounds(algo, ops, timing, e.staleness, cfg.rounds)
+    if mode == "stale":
+        return StaleRounds(algo, ops, timing, cfg.engine.staleness, cfg.rounds)
     return SyncRounds(algo, ops, timing)
 
 

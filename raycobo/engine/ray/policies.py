@@ -14,13 +14,13 @@ handling.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import Elastic, Evaluation
+from raycobo.algorithms.base import Elastic, Evaluation, PlansAlignment
 from raycobo.engine.ray.ops import AsyncGrads, RayClientOps
 from raycobo.engine.session import LocalSession
 from raycobo.state import state_tree
@@ -52,6 +52,51 @@ class RoundPolicy(Protocol):
     def change_membership(self, kind: str, clients: list[int]) -> None: ...
     def snapshot(self) -> dict[str, Any]: ...
     def report(self) -> dict[str, Any]: ...
+
+
+RoundMode = Literal["synchronous", "stale", "resident"]
+
+
+def round_mode(cfg, algo) -> RoundMode:
+    """How the Ray engine runs this run's rounds, decided here only (the hosts it places,
+    the coordinator's policy): ``resident`` (engine.resident), ``stale``
+    (engine.staleness > 0) or ``synchronous``. A combination that cannot run is refused
+    naming the key: resident models run CoBo as Algorithm 1 orders it, without momentum,
+    from one shared x^0, with a dense W; late alignment results need an algorithm that
+    plans its alignment (CoBo), in the weights-first order."""
+    from raycobo.config import ConfigError
+
+    e, a = cfg.engine, cfg.algorithm
+    if e.resident:
+        plain = (
+            a.name == "cobo"
+            and not e.staleness
+            and a.weights != "sparse"
+            and a.momentum == 0
+            and a.init == "shared"
+            and a.order == "weights_first"
+        )
+        if not plain:
+            raise ConfigError(
+                "invalid config key 'engine.resident': host-resident models run cobo with "
+                "a dense W (algorithm.weights), no momentum, init shared, order "
+                "weights_first and engine.staleness=0"
+            )
+        return "resident"
+    if e.staleness:
+        if not isinstance(algo, PlansAlignment):
+            raise ConfigError(
+                f"invalid config key 'engine.staleness': algorithm '{a.name}' has no "
+                "alignment requests to send ahead (cobo has); set engine.staleness=0"
+            )
+        if getattr(a, "order", "weights_first") != "weights_first":
+            raise ConfigError(
+                "invalid config key 'engine.staleness': late alignment results need "
+                "algorithm.order=weights_first (the models_first order waits for each "
+                "round's W)"
+            )
+        return "stale"
+    return "synchronous"
 
 
 def elastic_or_stop(algo, why: str) -> Elastic:

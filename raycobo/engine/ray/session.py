@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from raycobo.algorithms.base import Elastic, Evaluation
-from raycobo.config import Config, ConfigError
+from raycobo.config import Config
 from raycobo.engine.ray.coordinator import CoordinatorImpl
 from raycobo.engine.ray.host import ClientHostImpl
 from raycobo.engine.ray.layout import (
@@ -21,42 +21,17 @@ from raycobo.engine.ray.layout import (
     wait_for_hosts,
     with_host_plan,
 )
+from raycobo.engine.ray.policies import RoundMode, round_mode
 
 
-def check_policy(cfg: Config) -> None:
-    """What the resident and bounded-staleness rounds can run: CoBo as Algorithm 1 orders
-    it (resident: also without momentum, from one shared x^0, with a dense W)."""
-    e, a = cfg.engine, cfg.algorithm
-    if e.resident:
-        plain = (
-            a.name == "cobo"
-            and not e.staleness
-            and a.weights != "sparse"
-            and a.momentum == 0
-            and a.init == "shared"
-            and a.order == "weights_first"
-        )
-        if not plain:
-            raise ConfigError(
-                "invalid config key 'engine.resident': host-resident models run cobo with "
-                "a dense W (algorithm.weights), no momentum, init shared, order "
-                "weights_first and engine.staleness=0"
-            )
-    if e.staleness and a.name == "cobo" and a.order != "weights_first":
-        raise ConfigError(
-            "invalid config key 'engine.staleness': late alignment results need "
-            "algorithm.order=weights_first (the models_first order waits for each round's W)"
-        )
-
-
-def place_hosts(cfg: Config, layout: list[list[int]], n: int, parts: list) -> list:
+def place_hosts(cfg: Config, layout: list[list[int]], n: int, parts: list, mode: RoundMode) -> list:
     """One host actor per block of ``layout``; ``parts``: each host's data in the object
     store, attached once the host stands (empty: the hosts load the data set
     themselves). -> the hosts, with their ``attach`` calls queued before any other"""
     import ray
 
     e = cfg.engine
-    if e.resident:
+    if mode == "resident":
         from raycobo.engine.ray.resident_host import ResidentHostImpl
 
         Host = ray.remote(ResidentHostImpl)
@@ -70,7 +45,7 @@ def place_hosts(cfg: Config, layout: list[list[int]], n: int, parts: list) -> li
         hosts.append(
             Host.options(
                 # a second thread lets a host take the step while alignment runs
-                max_concurrency=2 if e.staleness > 0 else 1,
+                max_concurrency=2 if mode == "stale" else 1,
                 num_cpus=e.cpus_per_actor,
                 num_gpus=e.gpus_per_client * len(block),
                 max_restarts=e.max_restarts if e.on_failure == "restart" else 0,
@@ -107,7 +82,9 @@ class RaySession:
 
         from raycobo.algorithms import build_algorithm
 
-        check_policy(cfg)
+        # the coordinator holds the algorithm; the driver asks its own copy what it can do
+        algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
+        mode = round_mode(cfg, algo)
         start_ray(cfg)
         total, node_max = instance_resources()
         fixed = cfg.engine.address is None
@@ -117,7 +94,7 @@ class RaySession:
         # one load in the driver, one object per host; held here for as long as the run
         # lasts, so that a host Ray restarts (on any node) finds its data again
         self._host_data = [] if data is None else [ray.put(data.subset(b)) for b in self.layout]
-        self.hosts = place_hosts(cfg, self.layout, n_clients, self._host_data)
+        self.hosts = place_hosts(cfg, self.layout, n_clients, self._host_data, mode)
         self.coordinator = None
         try:  # every host placed and its data loaded, or one line saying what is missing
             wait_for_hosts([h.info.remote() for h in self.hosts], self.plan, cfg.engine)
@@ -132,8 +109,7 @@ class RaySession:
         self.host_gpu_ids = info["host_gpu_ids"]
         self.host_nodes = info["host_nodes"]
         self.coordinator_node = info["coordinator_node"]
-        # the coordinator holds the algorithm; the driver asks its own copy what it can do
-        self.elastic = isinstance(build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed), Elastic)
+        self.elastic = isinstance(algo, Elastic)
 
     def _get(self, ref):
         import ray

@@ -363,6 +363,32 @@ def test_host_resident_needs_cobo(quad_cfg_module):
         RaySession(cfg, 5)
 
 
+def test_the_round_mode_is_decided_once_and_a_staleness_that_cannot_act_is_refused(
+    quad_cfg_module,
+):
+    """(#34 item 2) One function decides the mode (the hosts placed, the coordinator's
+    policy). engine.staleness with a method that has no alignment to send ahead ran the
+    synchronous rounds without a word: refused, naming the key."""
+    from raycobo.algorithms import build_algorithm
+    from raycobo.config import ConfigError
+    from raycobo.engine.ray.policies import round_mode
+
+    def mode(**over):
+        cfg = with_overrides(quad_cfg_module, over)
+        return round_mode(cfg, build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed))
+
+    assert mode(**{"algorithm.name": "cobo"}) == "synchronous"
+    assert mode(**{"algorithm.name": "cobo", "engine.staleness": 2}) == "stale"
+    assert mode(**{"algorithm.name": "cobo", "engine.resident": True}) == "resident"
+    assert mode(**{"algorithm.name": "fedavg"}) == "synchronous"
+    with pytest.raises(ConfigError, match="engine.staleness.*'fedavg'"):
+        mode(**{"algorithm.name": "fedavg", "engine.staleness": 1})
+    with pytest.raises(ConfigError, match="engine.resident"):
+        mode(**{"algorithm.name": "cobo", "engine.resident": True, "engine.staleness": 1})
+    with pytest.raises(ConfigError, match="weights_first"):
+        mode(**{"algorithm.name": "cobo", "engine.staleness": 1, "algorithm.order": "models_first"})
+
+
 @pytest.mark.parametrize("resident", [False, True])
 def test_interrupted_ray_run_resumes_to_the_uninterrupted_numbers(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, tmp_path, resident
