@@ -162,7 +162,7 @@ def test_round_limit_counts_each_phase_and_replays_its_operators():
         def round(self, t):
             streams = torch.tensor([rng.ALIGN] * 2 + [rng.STEP] * 3)
             self.ops.grads(torch.arange(5), None, t, streams, 0)
-            torch.randn(6, 7) @ torch.randn(7, 2)
+            torch.randn(6, 2).addmm_(torch.randn(6, 7), torch.randn(7, 2))  # in place
 
         def evaluate(self):
             return torch.randn(3, 4) @ torch.randn(4, 5)
