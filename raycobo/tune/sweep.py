@@ -52,21 +52,31 @@ class TuneReporter(BaseCallback):
             tune.report(report, checkpoint=tune.Checkpoint.from_directory(tmp))
 
 
-def _take_tune_checkpoint(out: Path) -> bool:
+def _take_tune_checkpoint(out: Path, kept: Path | None = None) -> bool:
     """A restarted trial: the checkpoint Tune hands back goes into the run directory's
-    checkpoints/. -> whether the trial continues a run (resume)."""
+    checkpoints/; without one, the checkpoints of the trial's own run that the sweep
+    folder kept (``kept``: Tune's saved state can miss the newest checkpoint when the
+    sweep is stopped while a trial reports it, and the trial would start over). ->
+    whether the trial continues a run (resume)"""
     from ray import tune
 
     from raycobo.lifecycle.checkpoint import list_checkpoints
 
+    def take(folder: Path) -> bool:
+        found = list_checkpoints(folder)
+        for _, path in found:
+            (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+            target = out / "checkpoints" / path.name
+            if not target.exists():
+                shutil.copy2(path, target)
+        return bool(found)
+
     given = tune.get_checkpoint()
     if given is not None:
         with given.as_directory() as d:
-            for _, path in list_checkpoints(Path(d)):
-                (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-                target = out / "checkpoints" / path.name
-                if not target.exists():
-                    shutil.copy2(path, target)
+            take(Path(d))
+    elif kept is not None and kept.resolve() != out.resolve():
+        given = take(kept / "checkpoints") or None
     return (out / "config.yaml").is_file() or given is not None
 
 
@@ -85,16 +95,16 @@ def trial(params: dict[str, Any]) -> None:
         cfg = with_overrides(base, sampled)
         callbacks: list[Any] = [TuneReporter(params["__metric__"])]
         out = Path(tune.get_context().get_trial_dir()) / "run"
+        # the run works in Ray's session folder; Tune keeps it in the sweep's own
+        kept = Path(params["__storage__"]) / out.parent.name / "run"
         if cfg.tracking.enabled:
             name = trial_name(cfg.name, tune.get_context().get_trial_id(), sampled)
-            # the run works in Ray's session folder; Tune keeps it in the sweep's own
-            kept = Path(params["__storage__"]) / out.parent.name / "run"
             callbacks.append(
                 MLflowTracker(
                     cfg.tracking, run_name=name, parent=params["__parent__"], run_dir=kept
                 )
             )
-        run_experiment(cfg, out, callbacks, resume=_take_tune_checkpoint(out))
+        run_experiment(cfg, out, callbacks, resume=_take_tune_checkpoint(out, kept))
     except ConfigError as err:
         tune.report({params["__metric__"]: float("nan"), "config_error": str(err)})
 
