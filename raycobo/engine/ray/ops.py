@@ -91,7 +91,7 @@ class RayClientOps:
                 self.critical_compute_s += max((sec for _, sec in out.values()), default=0.0)
                 return {h: res for h, (res, _) in out.items()}
             if self.on_failure == "drop":
-                self.dead |= set(failed)
+                self.give_up(failed)
                 raise HostsLost(sorted(c for h in failed for c in self.layout[h]))
             pending = failed
             self.await_restart(list(failed))
@@ -147,6 +147,16 @@ class RayClientOps:
                 *(a[mask.to(a.device)].cpu() for a in arrays),
             )
         return parts
+
+    def give_up(self, hosts) -> None:
+        """engine.on_failure=drop: these hosts are not called again."""
+        self.dead |= set(hosts)
+
+    def count_time(self, coordination_s: float = 0.0, compute_s: float = 0.0) -> None:
+        """Time a round policy spent outside ``_call``: in the coordinator submitting
+        calls, and computing on the slowest host (for the engine report)."""
+        self.coordination_s += coordination_s
+        self.critical_compute_s += compute_s
 
     # -- ClientOps -----------------------------------------------------------------------
     def live_hosts(self) -> list[int]:

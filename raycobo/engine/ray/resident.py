@@ -16,7 +16,7 @@ from raycobo.algorithms.base import Evaluation, cluster_agreement
 from raycobo.engine.ray.errors import HostStateLost, actor_lost
 from raycobo.engine.ray.ops import RayClientOps, gather_evaluation
 from raycobo.engine.ray.policies import RoundTiming
-from raycobo.engine.ray.resident_host import StepSettings
+from raycobo.engine.ray.resident_host import StepAnswer, StepSettings
 from raycobo.state import state_tree
 
 
@@ -229,7 +229,7 @@ class ResidentRounds:
                 dead.append(h)
         if not dead:
             return  # a passing failure: the round is retried with every host
-        ops.dead |= set(dead)
+        ops.give_up(dead)
         self.drop(sorted(c for h in dead for c in ops.layout[h]), t)
 
     def _roll_back(self) -> None:
@@ -292,7 +292,7 @@ class ResidentRounds:
         grads = {h: self._phase1(h, t, ends, members, blocks) for h in live}
         hyper = self._hyper(t)  # the same for every host
         steps = {h: self._phase2(h, hyper, edges, ends, grads, W_host, blocks) for h in live}
-        ops.coordination_s += time.perf_counter() - t0
+        ops.count_time(coordination_s=time.perf_counter() - t0)
         after = list(blocks)  # x^{t+1}: the live hosts' new blocks, the dropped hosts' last
         for h, (_, block) in steps.items():
             after[h] = block
@@ -359,15 +359,16 @@ class ResidentRounds:
         results = ops.get([p.steps[h][0] for h in hosts])
         self.blocks = p.blocks_after  # x^{t+1}
         hi = ops.owner[p.edges[:, 0]]
+        answers: list[StepAnswer] = results
         scores = torch.zeros(E)
-        for h, (sc, *_rest) in zip(hosts, results, strict=True):
-            scores[hi == h] = torch.tensor(np.asarray(sc, dtype=np.float32))
+        for h, a in zip(hosts, answers, strict=True):
+            scores[hi == h] = torch.tensor(np.asarray(a.scores, dtype=np.float32))
         if E:
             gamma = self.algo.gamma_at(p.t, self.algo.present(self._state()))
             self.W = update_weights(self.W, p.edges, scores, gamma, c.domain)  # Eq. (1)
-        loss = torch.cat([torch.tensor(np.asarray(r[1])) for r in results])
-        p1, p2 = max(r[2] for r in results), max(r[3] for r in results)
-        ops.critical_compute_s += p1 + p2
+        loss = torch.cat([torch.tensor(np.asarray(a.losses)) for a in answers])
+        p1, p2 = max(a.phase1_s for a in answers), max(a.phase2_s for a in answers)
+        ops.count_time(compute_s=p1 + p2)
         self.phase_s[0] += p1
         self.phase_s[1] += p2
         return self.algo.stats(loss, E, p.members)

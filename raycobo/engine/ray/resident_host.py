@@ -29,6 +29,15 @@ class StepSettings(NamedTuple):
     threshold: float  # the pull's threshold on w_ij
 
 
+class StepAnswer(NamedTuple):
+    """A resident host's answer to phase 2 (beside its new block of models)."""
+
+    scores: np.ndarray  # of the sampled pairs this host reports (its own i ends)
+    losses: np.ndarray  # its present clients' step losses
+    phase1_s: float  # seconds of compute in phase 1
+    phase2_s: float  # and in phase 2
+
+
 class ResidentHostImpl(ClientHostImpl):
     """The body of a resident ClientHost actor: models X (k, d) and W rows (k, n) of its
     k clients, and phase 1's step gradients until phase 2 uses them."""
@@ -102,8 +111,8 @@ class ResidentHostImpl(ClientHostImpl):
         host (both gradients read from phase 1's published arrays), Eq. (1) on this
         host's W rows, then Eq. (3) for its present clients against the published models
         of the hosts they collaborate with. parts: ``n_grads`` phase-1 answers, then
-        (host, block) pairs. -> ((scores of the reported pairs, step losses, phase-1 and
-        phase-2 seconds of compute), the new block)."""
+        (host, block) pairs (references Ray resolves only as top-level arguments). ->
+        (:class:`StepAnswer`, the new block)"""
         from raycobo.algorithms.cobo import (
             alignment_scores,
             penalized_rows_blocks,
@@ -148,7 +157,7 @@ class ResidentHostImpl(ClientHostImpl):
         self.pending_step = None
         report = torch.as_tensor(np.asarray(report, dtype=bool)).to(self.device)
         seconds = time.perf_counter() - t0
-        out = (scores[report].cpu().numpy(), L.cpu().numpy(), self.phase1_s, seconds)
+        out = StepAnswer(scores[report].cpu().numpy(), L.cpu().numpy(), self.phase1_s, seconds)
         return out, self.res_block()
 
     def res_evaluate(self, block):
