@@ -102,8 +102,9 @@ class RayClientOps:
     def await_restart(self, hosts: list[int]) -> None:
         """Wait until Ray has restarted ``hosts``: a lost node is noticed by Ray's health
         checks only after some seconds, then the actor is placed elsewhere and loads its
-        data again. Bounded by min(engine.timeout_s, RESTART_WAIT_S); a host that does
-        not answer by then (restarts used up, no room left) stops the run."""
+        data again, or is given it (:meth:`reattach`). Bounded by min(engine.timeout_s,
+        RESTART_WAIT_S); a host that does not answer by then (restarts used up, no room
+        left) stops the run."""
         from ray.exceptions import GetTimeoutError
 
         bound = min(self.timeout_s, self.RESTART_WAIT_S)
