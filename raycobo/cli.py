@@ -215,6 +215,40 @@ def _report_failures(rows) -> None:
         _fail(f"{len(bad)} run(s) failed: {', '.join(bad)}; the others are in the table", 1)
 
 
+def _check_compare_resume(resume: Path, config, overrides, flags: dict) -> None:
+    """compare --resume continues the comparison stored in its directory: a config,
+    overrides or the flags that would choose another are refused, naming them."""
+    given = [str(config)] if config is not None else []
+    given += list(overrides or [])
+    if given and "=" in given[0]:
+        raise ConfigError(
+            f"compare --resume takes no overrides (got {' '.join(given)}): a resumed "
+            "comparison keeps the config stored in its directory"
+        )
+    if given:
+        raise ConfigError(
+            "compare --resume takes its config from the comparison's directory; "
+            f"drop CONFIG ({given[0]})"
+        )
+    ignored = [flag for flag, value in flags.items() if value]
+    if ignored:  # the directory's stored comparison decides them
+        raise ConfigError(
+            f"compare --resume continues the comparison stored in {resume}: drop "
+            f"{', '.join(ignored)}"
+        )
+
+
+def _tune_spaces(items: list[str] | None) -> dict[str, Path] | None:
+    """--tune ENTRY=SPACE.yaml (repeatable) -> {entry: space}, or None."""
+    spaces = {}
+    for item in items or []:
+        entry, sep, space = item.partition("=")
+        if not sep or not entry or not space:
+            raise ConfigError(f"--tune {item}: give ENTRY=SPACE.yaml")
+        spaces[entry.strip()] = Path(space.strip())
+    return spaces or None
+
+
 @app.command()
 def compare(
     config: Annotated[
@@ -257,53 +291,32 @@ def compare(
 
         track, progress = (False if no_tracking else None), not quiet
         if resume is not None:
-            given = [str(config)] if config is not None else []
-            given += list(overrides or [])
-            if given and "=" in given[0]:
-                raise ConfigError(
-                    f"compare --resume takes no overrides (got {' '.join(given)}): a resumed "
-                    "comparison keeps the config stored in its directory"
-                )
-            if given:
-                raise ConfigError(
-                    "compare --resume takes its config from the comparison's directory; "
-                    f"drop CONFIG ({given[0]})"
-                )
             flags = {"--algorithms": algorithms, "--seeds": seeds, "--out": out, "--tune": tune}
-            ignored = [flag for flag, value in flags.items() if value]
-            if ignored:  # the directory's stored comparison decides them
-                raise ConfigError(
-                    f"compare --resume continues the comparison stored in {resume}: drop "
-                    f"{', '.join(ignored)}"
-                )
+            _check_compare_resume(resume, config, overrides, flags)
             res = api.resume_compare(resume, track=track, progress=progress)
         elif config is None:
             raise ConfigError("missing CONFIG (an experiment YAML), or --resume COMPARE_DIR")
         else:
-            cfg = load_config(config, overrides or [])
-            algos = [a.strip() for a in algorithms.split(",") if a.strip()] if algorithms else None
-            seed_list = _int_list(seeds, "--seeds") if seeds else None
-            spaces = {}
-            for item in tune or []:
-                entry, sep, space = item.partition("=")
-                if not sep or not entry or not space:
-                    raise ConfigError(f"--tune {item}: give ENTRY=SPACE.yaml")
-                spaces[entry.strip()] = Path(space.strip())
             res = api.compare(
-                cfg,
-                algos,
-                seeds=seed_list,
+                load_config(config, overrides or []),
+                [a.strip() for a in algorithms.split(",") if a.strip()] if algorithms else None,
+                seeds=_int_list(seeds, "--seeds") if seeds else None,
                 out=out,
                 parallel=parallel,
                 track=track,
                 progress=progress,
-                tune=spaces or None,
+                tune=_tune_spaces(tune),
             )
-        _print_table(res.rows)
-        typer.echo(f"comparison: {res.root}/comparison.md  report: {res.root}/report.html")
-        _report_failures(res.rows)
+        _show_comparison(res)
 
     _guarded(debug, go)
+
+
+def _show_comparison(res) -> None:
+    """The table, where the files are, and the runs that failed."""
+    _print_table(res.rows)
+    typer.echo(f"comparison: {res.root}/comparison.md  report: {res.root}/report.html")
+    _report_failures(res.rows)
 
 
 @app.command()

@@ -27,6 +27,15 @@ class RayRow:
     startup_s: float  # placing the hosts and the coordinator, loading data, first state
     model: str = "mlp"
 
+    def line(self) -> str:
+        share = "-" if self.coordination_share is None else f"{self.coordination_share:.0%}"
+        return (
+            f"n={self.n:4d} per_actor={self.clients_per_actor:3d} hosts={self.hosts:3d} "
+            f"staleness={self.staleness} resident={'yes' if self.resident else 'no '} "
+            f"local {self.local_ms:7.1f} ms  ray {self.ray_ms:7.1f} ms  "
+            f"coordination {share}  start-up {self.startup_s:.1f} s"
+        )
+
 
 def bench_ray(
     clients: list[int],
@@ -54,7 +63,6 @@ def bench_ray(
     from raycobo.config import load_config
     from raycobo.data import fashion_mnist_available
     from raycobo.engine import open_session
-    from raycobo.engine.ray import RaySession, start_ray
 
     data = "fashion_mnist" if fashion_mnist_available(data_root) else "digits"
     rows: list[RayRow] = []
@@ -65,78 +73,97 @@ def bench_ray(
         f"{gpus_per_client:g} GPU per client on ray"
     )
     for n in clients:
-        base = [
-            f"data.name={data}",
-            f"data.fraction={fraction if data == 'fashion_mnist' else 1.0}",
-            *([f"data.root={data_root}"] if data_root else []),
-            "data.partition.num_clusters=4",
-            f"data.partition.clients_per_cluster={max(1, n // 4)}",
-            "algorithm.name=cobo",
-            "algorithm.sampling=constant",
-            f"algorithm.rho={min(0.3, 5.0 / n)}",
-            f"rounds={rounds + 2}",
-            "tracking.enabled=false",
-            f"model.name={model}",
-        ]
-        cfg = load_config(None, [*base, f"engine.device={device}"])
-        local, _ = open_session(cfg)
+        base = _base(n, data, fraction, data_root, rounds, model)
+        local, _ = open_session(load_config(None, [*base, f"engine.device={device}"]))
         local.start()
         n_clients = local.n_clients
         local_ms = 1e3 * _time(local.round, rounds)
         del local
         modes = [(k, s, r) for k in per_actor for s in staleness for r in resident]
-        for k, s, res in modes:
-            if res and s:  # host-resident rounds are synchronous
-                continue
-            shared = max(1, torch.get_num_threads() // -(-n_clients // k))
-            rcfg = load_config(
-                None,
-                [
-                    *base,
-                    "engine.kind=ray",
-                    f"engine.clients_per_actor={k}",
-                    "engine.cpus_per_actor=0",
-                    # the hosts share the machine's cores (the local engine uses them all)
-                    f"engine.threads={threads or shared}",
-                    f"engine.gpus_per_client={gpus_per_client}",
-                    f"engine.staleness={s}",
-                    "engine.slow_hosts=[1]",
-                    f"engine.slow_seconds={slow_seconds}",
-                    f"engine.resident={str(res).lower()}",
-                ],
-            )
-            start_ray(rcfg)
-            t0 = time.perf_counter()
-            run = RaySession(rcfg, n_clients)
-            try:
-                run.start()
-                startup = time.perf_counter() - t0
-                ray_ms = 1e3 * _time(run.round, rounds)
-                rep = run.report()["engine_report"]
-            finally:
-                run.close()
-            row = RayRow(
-                n_clients,
-                k,
-                rep["hosts"],
-                s,
-                res,
-                slow_seconds,
-                local_ms,
-                ray_ms,
-                rep.get("coordination_share"),
-                rep.get("alignment_lag_mean"),
-                startup,
-                model,
-            )
-            rows.append(row)
-            share = "-" if row.coordination_share is None else f"{row.coordination_share:.0%}"
-            echo(
-                f"n={row.n:4d} per_actor={k:3d} hosts={row.hosts:3d} staleness={s} "
-                f"resident={'yes' if res else 'no '} "
-                f"local {local_ms:7.1f} ms  ray {ray_ms:7.1f} ms  coordination {share}  "
-                f"start-up {startup:.1f} s"
-            )
+        opts = (rounds, threads, gpus_per_client, slow_seconds, model)
+        rows += _on_ray(base, n_clients, local_ms, modes, opts, echo)
     if out is not None:
         write_rows(out / "bench_ray.csv", rows)
     return rows
+
+
+def _base(n: int, data: str, fraction: float, data_root, rounds: int, model: str) -> list[str]:
+    """The overrides every engine of one n shares: CoBo on 4 clusters of n/4 clients."""
+    return [
+        f"data.name={data}",
+        f"data.fraction={fraction if data == 'fashion_mnist' else 1.0}",
+        *([f"data.root={data_root}"] if data_root else []),
+        "data.partition.num_clusters=4",
+        f"data.partition.clients_per_cluster={max(1, n // 4)}",
+        "algorithm.name=cobo",
+        "algorithm.sampling=constant",
+        f"algorithm.rho={min(0.3, 5.0 / n)}",
+        f"rounds={rounds + 2}",
+        "tracking.enabled=false",
+        f"model.name={model}",
+    ]
+
+
+def _on_ray(base, n_clients: int, local_ms: float, modes, opts, echo) -> list[RayRow]:
+    """One row per (clients per actor, staleness, resident) mode of one n on Ray.
+    ``opts``: (rounds, threads, GPUs per client, slow seconds, model)."""
+    from raycobo.config import load_config
+
+    rounds, threads, gpus_per_client, slow_seconds, model = opts
+    rows = []
+    for k, s, res in modes:
+        if res and s:  # host-resident rounds are synchronous
+            continue
+        shared = max(1, torch.get_num_threads() // -(-n_clients // k))
+        # the hosts share the machine's cores (the local engine uses them all)
+        engine = _engine(k, s, res, threads or shared, gpus_per_client, slow_seconds)
+        ray_ms, rep, startup = _measure_ray(load_config(None, [*base, *engine]), n_clients, rounds)
+        share, lag = rep.get("coordination_share"), rep.get("alignment_lag_mean")
+        row = RayRow(
+            n_clients,
+            k,
+            rep["hosts"],
+            s,
+            res,
+            slow_seconds,
+            local_ms,
+            ray_ms,
+            share,
+            lag,
+            startup,
+            model,
+        )
+        rows.append(row)
+        echo(row.line())
+    return rows
+
+
+def _engine(k: int, s: int, resident: bool, threads: int, gpus: float, slow: float) -> list[str]:
+    """The Ray engine's overrides of one measured mode."""
+    return [
+        "engine.kind=ray",
+        f"engine.clients_per_actor={k}",
+        "engine.cpus_per_actor=0",
+        f"engine.threads={threads}",
+        f"engine.gpus_per_client={gpus}",
+        f"engine.staleness={s}",
+        "engine.slow_hosts=[1]",
+        f"engine.slow_seconds={slow}",
+        f"engine.resident={str(resident).lower()}",
+    ]
+
+
+def _measure_ray(cfg, n_clients: int, rounds: int) -> tuple[float, dict, float]:
+    """(median ms per round, engine report, start-up seconds) of ``cfg`` on Ray."""
+    from raycobo.engine.ray import RaySession, start_ray
+
+    start_ray(cfg)
+    t0 = time.perf_counter()
+    run = RaySession(cfg, n_clients)
+    try:
+        run.start()
+        startup = time.perf_counter() - t0
+        ray_ms = 1e3 * _time(run.round, rounds)
+        return ray_ms, run.report()["engine_report"], startup
+    finally:
+        run.close()

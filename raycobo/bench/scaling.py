@@ -42,43 +42,12 @@ def bench_scaling(
     is measured; run one n per call for exact per-n figures (allocators reuse memory)."""
     import gc
 
-    from raycobo.algorithms import build_algorithm
-    from raycobo.config import load_config
-    from raycobo.engine import open_session
-
     rows: list[ScaleRow] = []
     echo(f"torch threads: {torch.get_num_threads()}, load average: {os.getloadavg()[0]:.2f}")
     for n in clients:
-        per = max(1, n // clusters)
-        base = [
-            f"data.partition.num_clusters={clusters}",
-            f"data.partition.clients_per_cluster={per}",
-            "algorithm.name=cobo",
-            "algorithm.sampling=constant",
-            f"algorithm.rho={min(0.1, 5.0 / n)}",  # eta * rho * (n - 1) < 1 while W = 1
-            "tracking.enabled=false",
-        ]
         gc.collect()
         rss0 = rss_mb()
-        if task == "quadratic":
-            cfg = load_config(
-                None,
-                [
-                    *base,
-                    "data.name=quadratic",
-                    "data.dim=10",
-                    "data.noise=0.05",
-                    "data.center_scale=3",
-                ],
-            )
-            session, _ = open_session(cfg)
-            session.start()
-        else:
-            cfg = load_config(None, [*base, "algorithm.lr=0.05"])
-            data = synthetic_data(per * clusters, per_client=64)
-            data.clusters = [c // per for c in range(per * clusters)]
-            ops = make_local_ops(cfg, data)  # MLP 784-64-10, the engine's own strategy
-            session = started(build_algorithm(cfg.algorithm, rounds, 0), ops)
+        session = _session(task, n, clusters, rounds)
         session.round(0)
         t0 = time.perf_counter()
         edges = 0.0
@@ -116,3 +85,30 @@ def bench_scaling(
         if tracking is not None:
             tracking.log_scaling(rows, out)
     return rows
+
+
+def _session(task: str, n: int, clusters: int, rounds: int):
+    """A started local session of CoBo with n clients in ``clusters`` clusters."""
+    from raycobo.algorithms import build_algorithm
+    from raycobo.config import load_config
+    from raycobo.engine import open_session
+
+    per = max(1, n // clusters)
+    base = [
+        f"data.partition.num_clusters={clusters}",
+        f"data.partition.clients_per_cluster={per}",
+        "algorithm.name=cobo",
+        "algorithm.sampling=constant",
+        f"algorithm.rho={min(0.1, 5.0 / n)}",  # eta * rho * (n - 1) < 1 while W = 1
+        "tracking.enabled=false",
+    ]
+    if task == "quadratic":
+        quad = ["data.name=quadratic", "data.dim=10", "data.noise=0.05", "data.center_scale=3"]
+        session, _ = open_session(load_config(None, [*base, *quad]))
+        session.start()
+        return session
+    cfg = load_config(None, [*base, "algorithm.lr=0.05"])
+    data = synthetic_data(per * clusters, per_client=64)
+    data.clusters = [c // per for c in range(per * clusters)]
+    ops = make_local_ops(cfg, data)  # MLP 784-64-10, the engine's own strategy
+    return started(build_algorithm(cfg.algorithm, rounds, 0), ops)
