@@ -299,7 +299,7 @@ def compare(
         else:
             res = api.compare(
                 load_config(config, overrides or []),
-                [a.strip() for a in algorithms.split(",") if a.strip()] if algorithms else None,
+                algorithms,  # "local,cobo": the API reads the names
                 seeds=_int_list(seeds, "--seeds") if seeds else None,
                 out=out,
                 parallel=parallel,

@@ -23,6 +23,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from raycobo import rng
+
 aten = torch.ops.aten
 HEAVY = {  # by overload packet: the ``out=`` forms the fused kernels call count too
     aten.mm,
@@ -68,7 +70,7 @@ class _Recorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.seen: Counter = Counter()
-        self.phase = "other"
+        self.phase = "penalty and W"  # whatever the round runs outside the gradients
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -139,15 +141,14 @@ def round_limit(session, ops, t: int) -> Limit:
     real_grads = ops.grads
 
     def grads(clients, Z, round, stream, salt=0):
-        from raycobo import rng
-
         before = rec.phase
         rec.phase = "gradients"
         try:
             s = stream if isinstance(stream, torch.Tensor) else torch.tensor([stream])
             s = s.expand(clients.numel()) if s.numel() == 1 else s
-            rows["alignment"] += int((s == rng.ALIGN).sum())
-            rows["model step"] += int(s.numel() - (s == rng.ALIGN).sum())
+            align = int((s == rng.ALIGN).sum())
+            rows["alignment"] += align
+            rows["model step"] += s.numel() - align
             return real_grads(clients, Z, round, stream, salt)
         finally:
             rec.phase = before
@@ -180,7 +181,4 @@ def round_limit(session, ops, t: int) -> Limit:
         for part, r in rows.items():
             out.gflop[part] = g * r / total
             out.limit_ms[part] = ms * r / total
-    if "other" in out.gflop:
-        out.gflop["penalty and W"] = out.gflop.pop("other")
-        out.limit_ms["penalty and W"] = out.limit_ms.pop("other")
     return out

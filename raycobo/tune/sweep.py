@@ -75,9 +75,9 @@ def _take_tune_checkpoint(out: Path, kept: Path | None = None) -> bool:
     if given is not None:
         with given.as_directory() as d:
             take(Path(d))
-    elif kept is not None and kept.resolve() != out.resolve():
-        given = take(kept / "checkpoints") or None
-    return (out / "config.yaml").is_file() or given is not None
+        return True
+    taken = kept is not None and kept.resolve() != out.resolve() and take(kept / "checkpoints")
+    return (out / "config.yaml").is_file() or taken
 
 
 def trial(params: dict[str, Any]) -> None:

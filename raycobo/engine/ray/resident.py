@@ -356,10 +356,9 @@ class ResidentRounds:
 
         ops, c, E = self.ops, self.algo.cfg, p.edges.shape[0]
         hosts = list(p.steps)
-        results = ops.get([p.steps[h][0] for h in hosts])
+        answers: list[StepAnswer] = ops.get([p.steps[h][0] for h in hosts])
         self.blocks = p.blocks_after  # x^{t+1}
         hi = ops.owner[p.edges[:, 0]]
-        answers: list[StepAnswer] = results
         scores = torch.zeros(E)
         for h, a in zip(hosts, answers, strict=True):
             scores[hi == h] = torch.tensor(np.asarray(a.scores, dtype=np.float32))
@@ -378,6 +377,8 @@ class ResidentRounds:
         some w_ik > 0 (and at least the pull's threshold) between present clients. From
         the committed W: until the step, an entry can only change on a pair sampled since
         (``edge_sets``), so those hosts are linked as well."""
+        from raycobo.algorithms.cobo import pull_weights
+
         ops, H = self.ops, len(self.ops.hosts)
         W = self.W
         if self.active is not None:  # only pairs of present clients
@@ -385,7 +386,7 @@ class ResidentRounds:
             W = W * present[:, None] * present[None, :]
         onehot = torch.zeros(ops.n_clients, H)
         onehot[torch.arange(ops.n_clients), ops.owner] = 1.0
-        weighed = W.gt(0) & W.ge(self.algo.threshold())
+        weighed = pull_weights(W, "sum", self.algo.threshold()).gt(0)  # what the step reads
         links = (onehot.T @ weighed.to(torch.float32) @ onehot) > 0
         for edges in edge_sets:
             if edges is None:
