@@ -486,8 +486,9 @@ RAYCOBO_BEFORE_PINNING = {
 }
 
 # CoBo keys added after runs were pinned: a stored config without the key ran this value
-# (the box domain's pull threshold, 2026-11-27: none before)
-COBO_ADDED_LATER = {"pull_threshold": 0.0}
+# where the key applies (the box domain's pull threshold and W^0, 2026-11-27: none and 1
+# before; the mean pull's strength with rho auto: 0.2 before it was a key)
+COBO_ADDED_LATER = {"pull_threshold": 0.0, "initial_weight": 1.0, "pull_strength": 0.2}
 
 
 def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:
@@ -504,10 +505,26 @@ def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:
             for key, value in RAYCOBO_BEFORE_PINNING.items():
                 if section.get(key) is None:
                     section[key] = value
-        if section.get("name", "cobo") == "cobo" and section.get("domain", "box") == "box":
-            for key, value in COBO_ADDED_LATER.items():
-                section.setdefault(key, value)
+        if section.get("name", "cobo") == "cobo":
+            _cobo_added_later(section)
     return tree
+
+
+def _cobo_added_later(section: dict[str, Any]) -> None:
+    """A stored CoBo section without a key added later ran the key's old value, where the
+    key applies (its ``ONLY_WITH`` conditions; the section's rule fills null keys)."""
+    from raycobo.algorithms.cobo import ONLY_WITH, RULES
+
+    rule = RULES.get(section.get("rule", "paper"), RULES["paper"])
+    defaults = {"domain": "box", "rho": "auto"}
+    for key, value in COBO_ADDED_LATER.items():
+        have = {
+            field: section.get(field) if section.get(field) is not None else rule.get(field)
+            for field in ONLY_WITH[key]
+        }
+        have = {f: defaults.get(f) if v is None else v for f, v in have.items()}
+        if have == ONLY_WITH[key]:
+            section.setdefault(key, value)
 
 
 def flat_tree(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

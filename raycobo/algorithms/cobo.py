@@ -56,32 +56,41 @@ Domain = Literal["box", "simplex"]
 # The defaults of Eq. (1)'s score and step and of Eq. (2)'s pull, per ``algorithm.rule``.
 # raycobo: chosen on the regime matrix's validation data (benchmarks/regimes, README
 # "CoBo's defaults"); paper: Algorithm 1 as printed (inner product, constant gamma, the
-# penalty summed over collaborators), gamma 0.01 as measured on the cross-device twin.
-# rule raycobo's pull threshold: collaborators weighted below it are left out of the
-# pull (chosen on the regime matrix's validation data, benchmarks/regimes)
-PULL_THRESHOLD = 0.3
+# penalty summed over collaborators, W^0 = 1), gamma 0.01 as measured on the cross-device
+# twin. pull_strength is the mean pull's lr * rho where rho is auto.
+PULL_THRESHOLD = 0.5  # rule raycobo's: collaborators weighted below it do not pull
 RULES: dict[str, dict[str, object]] = {
     "raycobo": {
         "alignment": "bounded",
         "gamma": 3.0,
         "gamma_decay": "sqrt",
         "pull": "mean",
+        "pull_strength": 0.5,
         "mixed_switch": 0.5,
         "cosine_floor": 0.3,
         "pull_threshold": PULL_THRESHOLD,
+        "initial_weight": 0.0,
     },
     "paper": {
         "alignment": "inner",
         "gamma": 0.01,
         "gamma_decay": "none",
         "pull": "sum",
+        "pull_strength": 0.2,
         "mixed_switch": 0.5,
         "cosine_floor": 0.3,
         "pull_threshold": 0.0,
+        "initial_weight": 1.0,
     },
 }
-# keys of one alignment or domain only: written out (pinned, MLflow params) only there
-ONLY_WITH = {"cosine_floor": ("alignment", "bounded"), "pull_threshold": ("domain", "box")}
+# keys that apply only where other keys have these values: written out (pinned, MLflow
+# params) only there, refused elsewhere (they would do nothing)
+ONLY_WITH: dict[str, dict[str, str]] = {
+    "cosine_floor": {"alignment": "bounded"},
+    "pull_threshold": {"domain": "box"},
+    "initial_weight": {"domain": "box"},
+    "pull_strength": {"pull": "mean", "rho": "auto", "domain": "box"},
+}
 
 
 class SwitchAfter(Section):
@@ -103,11 +112,12 @@ class CoBoConfig(MethodConfig):
     name: Literal["cobo"] = "cobo"
     rule: Literal["raycobo", "paper"] = Field(
         default="raycobo",
-        description="the defaults of alignment, gamma, gamma_decay, pull and mixed_switch: "
-        "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
+        description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
+        "pull_strength, pull_threshold, initial_weight and mixed_switch: raycobo's (chosen "
+        "on the regime matrix) or Algorithm 1 as printed",
     )
-    # penalty strength; auto: pull mean: lr * rho = 0.2 (a fifth of the way to the
-    # collaborators' weighted mean per step); pull sum: 0.3, lowered as 0.4 / (lr n)
+    # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
+    # the collaborators' weighted mean per step); pull sum: 0.3, lowered as 0.4 / (lr n)
     # where the box domain's W^0 = 1 would make the penalty step unstable (CoBo.penalty)
     rho: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(
         default="auto", description="rho: strength of the pull toward collaborators"
@@ -142,6 +152,21 @@ class CoBoConfig(MethodConfig):
     )
     sampling: Sampling = Field(default="mixed", description="edge sampling strategy")
     domain: Domain = Field(default="box", description="W's domain: box [0,1] or simplex rows")
+    pull_strength: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="pull: mean with rho: auto (box domain): lr * rho, the share of the way "
+        "to the collaborators' weighted mean a model moves per step" + _by_rule("pull_strength"),
+    )
+    initial_weight: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="box domain: W^0's entries between clients (w_ii = 1): 1 pulls every pair "
+        "until it is measured misaligned (Algorithm 1), a value below pull_threshold only "
+        "the pairs measured aligned" + _by_rule("initial_weight"),
+    )
     pull_threshold: float | None = Field(
         default=None,
         ge=0,
@@ -182,27 +207,21 @@ class CoBoConfig(MethodConfig):
         "first and W at the new models' midpoints (authors' code)",
     )
 
-    @field_validator("pull_threshold")
+    @field_validator("cosine_floor", "pull_threshold", "initial_weight", "pull_strength")
     @classmethod
-    def _threshold_applies(cls, value: float | None, info: ValidationInfo) -> float | None:
-        domain = info.data.get("domain", "box")
-        if value is not None and domain != "box":
-            raise ValueError(
-                f"applies to domain: box, not {domain} (a simplex row's weights sum to 1, "
-                "so a threshold would cut every collaborator): drop it"
-            )
-        return value
-
-    @field_validator("cosine_floor")
-    @classmethod
-    def _floor_applies(cls, value: float | None, info: ValidationInfo) -> float | None:
+    def _applies(cls, value: float | None, info: ValidationInfo) -> float | None:
+        """A key of ``ONLY_WITH`` set where it would do nothing is refused."""
+        if value is None:
+            return value
         rule = info.data.get("rule", "raycobo")
-        alignment = info.data.get("alignment") or RULES[rule]["alignment"]
-        if value is not None and alignment != "bounded":
-            raise ValueError(
-                f"applies to alignment: bounded, not {alignment} (it would do nothing): "
-                "drop it, or set algorithm.alignment=bounded"
-            )
+        for field, wanted in ONLY_WITH[info.field_name].items():
+            have = info.data.get(field)
+            have = RULES[rule][field] if have is None and field in RULES[rule] else have
+            if have != wanted:
+                raise ValueError(
+                    f"applies to {field}: {wanted}, not {have} (it would do nothing): drop it"
+                    + (f", or set algorithm.{field}={wanted}" if field != "domain" else "")
+                )
         return value
 
     def effective(self) -> dict:
@@ -212,8 +231,8 @@ class CoBoConfig(MethodConfig):
         for key, value in RULES[self.rule].items():
             if out[key] is None:
                 out[key] = value
-        for key, (field, value) in ONLY_WITH.items():
-            if out[field] != value:
+        for key, conditions in ONLY_WITH.items():
+            if any(out[field] != value for field, value in conditions.items()):
                 out[key] = None
         return out
 
@@ -244,8 +263,6 @@ DENSE_EXPORT_LIMIT = 4096
 # rho auto = AUTO_RHO_SCALE / (lr n) at large n: 1.0 (a one-step contraction) left W
 # within clusters fading on the cross-device twin; 0.4 kept it (FIDELITY.md)
 AUTO_RHO_SCALE = 0.4
-# pull: mean with rho auto: lr * rho, the share of the way to the collaborators' mean
-MEAN_PULL = 0.2
 
 
 @dataclass
@@ -271,9 +288,14 @@ class CoBoState:
     scale: torch.Tensor | None = None
 
 
-def initial_weights(n: int, domain: str, device: torch.device | None = None) -> torch.Tensor:
+def initial_weights(
+    n: int, domain: str, device: torch.device | None = None, value: float = 1.0
+) -> torch.Tensor:
+    """W^0. box: ``value`` between clients (Algorithm 1's Input: 1), 1 on the diagonal;
+    simplex: each row uniform over the other clients."""
     if domain == "box":
-        return torch.ones(n, n, device=device)  # W^0 = 1 (Algorithm 1, Input)
+        W = torch.full((n, n), float(value), device=device)
+        return W.fill_diagonal_(1.0)
     W = torch.full((n, n), 1.0 / max(n - 1, 1), device=device)  # uniform over the others
     W.fill_diagonal_(0.0)
     return W
@@ -446,7 +468,7 @@ class CoBo:
             return 0.3 if c.rho == "auto" else float(c.rho)
         if c.pull == "mean":  # rows of mass >= 1 sum to 1: the step contracts by lr rho
             if c.rho == "auto":
-                return MEAN_PULL / c.lr
+                return c.pull_strength / c.lr
             if c.lr * c.rho >= 1.0:
                 raise ConfigError(
                     f"invalid config key 'algorithm.rho': algorithm.lr * algorithm.rho = "
@@ -495,8 +517,14 @@ class CoBo:
                 "invalid config key 'algorithm.weights': sparse W needs algorithm.domain=box "
                 "(a simplex projection rewrites whole rows)"
             )
-        W = SparseBoxWeights.ones(n, X.device) if sparse else initial_weights(n, c.domain, X.device)
-        return CoBoState(X, W, scale=self.initial_scale(ops, X))
+        return CoBoState(X, self.initial_w(n, X.device), scale=self.initial_scale(ops, X))
+
+    def initial_w(self, n: int, device: torch.device | None = None):
+        """W^0 for n clients: dense, or sparse where ``weights`` asks for it."""
+        c = self.cfg
+        if self.sparse_w(n):
+            return SparseBoxWeights.initial(n, c.initial_weight, device)
+        return initial_weights(n, c.domain, device, c.initial_weight)
 
     def state_bytes(self, n: int, d: int) -> dict[str, int]:
         """x_i, their gradients and the next x_i (and the momentum's average), and a dense
@@ -664,8 +692,9 @@ class CoBo:
         return replace(state, active=active)
 
     def join(self, state: CoBoState, clients: list[int]) -> CoBoState:
-        """Clients join: their W row and column restart at W^0 (box: 1; simplex: uniform
-        over the present others, and the others' rows give them weight 0 until sampled)."""
+        """Clients join: their W row and column restart at W^0 (box: ``initial_weight``,
+        w_ii = 1; simplex: uniform over the present others, and the others' rows give them
+        weight 0 until sampled)."""
         self._check_elastic(state)
         n = state.X.shape[0]
         active = _active(state.active, n, state.X.device)
@@ -673,8 +702,9 @@ class CoBo:
         active[new] = True
         W = state.W.clone()
         if self.cfg.domain == "box":
-            W[new, :] = 1.0
-            W[:, new] = 1.0
+            W[new, :] = self.cfg.initial_weight
+            W[:, new] = self.cfg.initial_weight
+            W[new, new] = 1.0
         else:
             others = active.clone()
             W[new, :] = 0.0

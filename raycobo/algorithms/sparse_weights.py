@@ -1,11 +1,12 @@
 """CoBo's box-domain W at large n: a constant plus the entries that were ever updated.
 
-With the box domain W starts at the all-ones matrix and Eq. (1) only changes the sampled
-entries, so W = base * 1 1^T + D with D nonzero only on edges sampled so far. Storing D
-as sorted (i < j) keys costs O(edges sampled) memory instead of O(n^2), and the model
-step's W X = base * (1^T X) + D X costs O(n d + nnz d) instead of O(n^2 d). With
-constant sampling (p = c / n, about c n / 2 edges a round) a run of T rounds stores at
-most c n T / 2 entries.
+With the box domain W starts at a constant off the diagonal (W^0: 1 in Algorithm 1, 0
+with rule raycobo's ``initial_weight``) and 1 on it, and Eq. (1) only changes the
+sampled entries, so W = base (1 1^T - I) + diag I + D with D nonzero only on edges
+sampled so far. Storing D as sorted (i < j) keys costs O(edges sampled) memory instead
+of O(n^2), and the model step's W X = base (1^T X) + (diag - base) X + D X costs
+O(n d + nnz d) instead of O(n^2 d). With constant sampling (p = c / n, about c n / 2
+edges a round) a run of T rounds stores at most c n T / 2 entries.
 """
 
 from __future__ import annotations
@@ -22,12 +23,19 @@ class SparseBoxWeights:
     n: int
     keys: torch.Tensor  # (nnz,) sorted int64 keys i * n + j, i < j
     vals: torch.Tensor  # (nnz,) the stored w_ij (= w_ji)
-    base: float = 1.0  # every entry not stored, the diagonal included
+    base: float = 1.0  # every off-diagonal entry not stored
+    # w_ii (None: the base, as checkpoints written before W^0 could differ from 1 hold)
+    diag: float | None = None
 
     @classmethod
     def ones(cls, n: int, device: torch.device | None = None) -> SparseBoxWeights:
+        return cls.initial(n, 1.0, device)
+
+    @classmethod
+    def initial(cls, n: int, base: float, device: torch.device | None = None) -> SparseBoxWeights:
+        """W^0: ``base`` off the diagonal, 1 on it, nothing stored."""
         empty = torch.empty(0, dtype=torch.int64, device=device)
-        return cls(n, empty, torch.empty(0, device=device))
+        return cls(n, empty, torch.empty(0, device=device), float(base), 1.0)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -36,6 +44,10 @@ class SparseBoxWeights:
     @property
     def nnz(self) -> int:
         return int(self.keys.numel())
+
+    @property
+    def w_ii(self) -> float:
+        return self.base if self.diag is None else self.diag
 
     def _pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys // self.n, self.keys % self.n
@@ -59,34 +71,40 @@ class SparseBoxWeights:
         keys, vals = keys[order], vals[order]
         last = torch.ones_like(keys, dtype=torch.bool)
         last[:-1] = keys[1:] != keys[:-1]
-        return SparseBoxWeights(self.n, keys[last], vals[last], self.base)
+        return SparseBoxWeights(self.n, keys[last], vals[last], self.base, self.diag)
 
     def thresholded(self, threshold: float) -> SparseBoxWeights:
-        """A copy with the stored entries below ``threshold`` set to 0 (the base, 1, and
-        the diagonal stay: the box domain's threshold is at most 1)."""
+        """A copy with the entries below ``threshold`` set to 0 (stored ones and the
+        base; the diagonal stays: the box domain's threshold is at most 1)."""
         vals = torch.where(self.vals >= threshold, self.vals, torch.zeros_like(self.vals))
-        return SparseBoxWeights(self.n, self.keys, vals, self.base)
+        base = self.base if self.base >= threshold else 0.0
+        return SparseBoxWeights(self.n, self.keys, vals, base, self.w_ii)
 
     def degree(self) -> torch.Tensor:
-        """W 1 (n,), the diagonal's base included, as in the dense matrix."""
+        """W 1 (n,), the diagonal included, as in the dense matrix."""
         i, j = self._pairs()
         delta = self.vals - self.base
-        deg = torch.full(
-            (self.n,), self.n * self.base, dtype=self.vals.dtype, device=self.vals.device
-        )
+        row = (self.n - 1) * self.base + self.w_ii
+        deg = torch.full((self.n,), row, dtype=self.vals.dtype, device=self.vals.device)
         return deg.index_add_(0, i, delta).index_add_(0, j, delta)
 
     def matmul(self, X: torch.Tensor) -> torch.Tensor:
         """W X (n, d) without forming W."""
         i, j = self._pairs()
         delta = (self.vals - self.base).to(X.dtype)[:, None]
-        out = (self.base * X.sum(dim=0, keepdim=True)).expand(self.n, -1).clone()
+        if self.base == 0:  # W^0 = 0 (or a threshold above it): the stored entries only
+            out = torch.zeros_like(X)
+        else:
+            out = (self.base * X.sum(dim=0, keepdim=True)).expand(self.n, -1).clone()
+        if self.w_ii != self.base:
+            out.add_(X, alpha=self.w_ii - self.base)
         out.index_add_(0, i, delta * X[j])
         out.index_add_(0, j, delta * X[i])
         return out
 
     def to_dense(self) -> torch.Tensor:
         W = torch.full((self.n, self.n), self.base, dtype=self.vals.dtype, device=self.vals.device)
+        W.fill_diagonal_(self.w_ii)
         i, j = self._pairs()
         W[i, j] = self.vals
         W[j, i] = self.vals
@@ -120,4 +138,11 @@ class SparseBoxWeights:
 
     def export(self) -> dict[str, torch.Tensor | int | float]:
         i, j = self._pairs()
-        return {"n": self.n, "base": self.base, "i": i.cpu(), "j": j.cpu(), "w": self.vals.cpu()}
+        return {
+            "n": self.n,
+            "base": self.base,
+            "diag": self.w_ii,
+            "i": i.cpu(),
+            "j": j.cpu(),
+            "w": self.vals.cpu(),
+        }

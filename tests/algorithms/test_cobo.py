@@ -203,8 +203,9 @@ def test_a_run_beyond_the_dense_limit_writes_sparse_w(quad_cfg, tmp_path):
 
 def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path):
     """Client 5 joins after 40 rounds (it starts outside), client 0 leaves after 20: the
-    newcomer's W row ends up on its own cluster and its model near that cluster's
-    optimum; the leaver's model stops moving and its W entries read 0."""
+    newcomer's W row ends up on its own cluster (above the pull's threshold there, near
+    0 elsewhere) and its model near that cluster's optimum; the leaver's model stops
+    moving and its W entries read 0."""
     from raycobo.lifecycle.experiment import run_experiment
 
     cfg = quad_cfg(
@@ -226,15 +227,16 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path):
         if t == 40:
             assert torch.equal(state.X[5], ops.initial_params())  # untouched while away
             state = algo.join(state, [5])
-            assert bool((state.W[5] == 1).all())
+            w0 = algo.cfg.initial_weight  # W^0 again: 1 on the diagonal, W^0 elsewhere
+            assert state.W[5, 5] == 1 and bool((state.W[5, :5] == w0).all())
+            assert bool((state.W[:5, 5] == w0).all())
         state, stats = algo.round(state, t, ops)
     cl = torch.tensor(ops.clusters)
     mates = (cl == cl[5]) & (torch.arange(6) != 5) & (torch.arange(6) != 0)
     others = cl != cl[5]
     W = algo.collaboration(state)
-    assert (
-        float(W[5, mates].min()) > 0.9 and float(W[5, others & (torch.arange(6) != 0)].max()) < 0.1
-    )
+    assert float(W[5, mates].min()) >= algo.threshold() > 0  # in the pull
+    assert float(W[5, others & (torch.arange(6) != 0)].max()) < 0.1
     assert float(((state.X[5] - data.optima()[5]) ** 2).sum()) < 0.5
     assert torch.equal(state.X[0], x0_at_leave) and float(W[0].abs().sum()) == 0
     assert stats["clients"] == 5
@@ -290,27 +292,30 @@ def three_clients(mus, a=(1.0, 2.0, 0.5)):
 
 
 def test_the_raycobo_rule_by_hand_over_two_rounds():
-    """The default rule on three full-batch quadratics, full sampling: Eq. (1) with the
-    bounded cosine of the midpoint gradients, <g_i, g_j> / max(||g_i|| ||g_j||, 0.3 S_0)
-    (S_0 the clients' mean squared gradient norm at the start), and gamma / sqrt(1 + k_t)
-    (k_t = t: every pair is sampled every round), Eq. (3) pulled toward the W-weighted
-    mean of x_i and its collaborators (w_ii = 1) with lr * rho = 0.2 (rho auto). The
-    start is far from the optima for two pairs and near them for the third, so both
-    sides of the floor are taken."""
+    """The default rule on three full-batch quadratics, full sampling: W^0 = 0 between
+    clients (w_ii = 1); Eq. (1) with the bounded cosine of the midpoint gradients,
+    <g_i, g_j> / max(||g_i|| ||g_j||, 0.3 S_0) (S_0 the clients' mean squared gradient norm
+    at the start), and gamma / sqrt(1 + k_t) (k_t = t: every pair is sampled every round);
+    Eq. (3) pulled toward the mean of x_i and its collaborators weighted by W with the
+    entries below the threshold (0.5) cut, with lr * rho = 0.5 (rho auto). The start is
+    far from the optima for two pairs and near them for the third, so both sides of the
+    floor are taken, and one pair's weight stays under the threshold after a round."""
     mus = [[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0]]
     ops = three_clients(mus)
     cfg = CoBoConfig(lr=0.1, sampling="full")
     algo = CoBo(cfg, rounds=10, seed=0)
-    got = (algo.cfg.alignment, algo.cfg.cosine_floor, algo.cfg.gamma, algo.cfg.gamma_decay)
-    assert got == ("bounded", 0.3, 3.0, "sqrt") and algo.cfg.pull == "mean"
-    assert algo.penalty(3) == pytest.approx(2.0)
+    c = algo.cfg
+    got = (c.alignment, c.cosine_floor, c.gamma, c.gamma_decay, c.pull, c.initial_weight)
+    assert got == ("bounded", 0.3, 3.0, "sqrt", "mean", 0.0)
+    assert algo.threshold() == 0.5 and algo.penalty(3) == pytest.approx(5.0)
     mu, a = torch.tensor(mus), torch.tensor([1.0, 2.0, 0.5])
     X = torch.tensor([[4.0, 1.0], [-1.0, 3.0], [-1.2, -0.8]])
-    W = torch.ones(3, 3)
+    W = torch.eye(3)
     S0 = float((a[:, None] * (X - mu)).square().sum(dim=1).mean())
     assert float(algo.initial_scale(ops, X)) == pytest.approx(S0)
-    state = CoBoState(X.clone(), W.clone(), scale=torch.tensor(S0))
-    floored = 0
+    state = CoBoState(X.clone(), algo.initial_w(3), scale=torch.tensor(S0))
+    assert torch.equal(state.W, W)
+    floored = cut = 0
     for t in range(2):
         state, _ = algo.round(state, t, ops)
         gamma = 3.0 / (1.0 + t) ** 0.5
@@ -322,11 +327,14 @@ def test_the_raycobo_rule_by_hand_over_two_rounds():
             score = float(gi @ gj) / max(norms, 0.3 * S0)
             W[i, j] = W[j, i] = min(1.0, max(0.0, float(W[i, j]) + gamma * score))
         G = a[:, None] * (X - mu)
-        target = (W @ X) / W.sum(dim=1, keepdim=True)  # rows of mass >= 1 (w_ii = 1)
-        X = X - 0.1 * (G + 2.0 * (X - target))
+        pulled = torch.where(W >= 0.5, W, torch.zeros(()))
+        cut += int(((W > 0) & (W < 0.5)).sum())
+        target = (pulled @ X) / pulled.sum(dim=1, keepdim=True)  # rows of mass >= 1
+        X = X - 0.1 * (G + 5.0 * (X - target))
         assert_close(state.W, W)
         assert_close(state.X, X)
     assert 0 < floored < 6  # both branches of the max were taken
+    assert cut > 0  # a weight above 0 and below the threshold was left out of the pull
 
 
 def test_the_paper_rule_is_one_setting_away():
@@ -512,3 +520,67 @@ def test_a_run_records_the_values_it_ran_and_old_records_resume_as_they_ran(tmp_
     run_experiment(plain, tmp_path / "p")
     paper = yaml.safe_load((tmp_path / "p" / "config.yaml").read_text())["algorithm"]
     assert (paper["alignment"], paper["cosine_floor"], paper["gamma"]) == ("inner", None, 0.01)
+
+
+@pytest.mark.parametrize("pull", ["mean", "sum"])
+def test_w0_below_one_agrees_between_dense_and_sparse_w(pull):
+    """initial_weight: W^0 between clients (w_ii = 1). A sparse W started at 0 gives the
+    dense W's step (thresholded or not), its degree and its export; the pairs never
+    sampled do not pull."""
+    from raycobo.algorithms.cobo import initial_weights, penalized_step
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+
+    g = torch.Generator().manual_seed(2)
+    n, d = 6, 3
+    X, G = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    edges = torch.tensor([[0, 1], [0, 5], [2, 3], [1, 4]])
+    scores = torch.tensor([0.9, 0.2, 0.6, -0.5])
+    for w0 in (0.0, 0.4):
+        dense = update_weights(initial_weights(n, "box", value=w0), edges, scores, 1.0, "box")
+        sparse = update_weights(SparseBoxWeights.initial(n, w0), edges, scores, 1.0, "box")
+        assert torch.equal(sparse.to_dense(), dense) and bool((dense.diagonal() == 1).all())
+        assert_close(sparse.degree(), dense.sum(dim=1))
+        for cut in (0.0, 0.3, 0.5):
+            want = penalized_step(X, G, dense, 0.1, 2.0, pull, cut)
+            assert_close(penalized_step(X, G, sparse, 0.1, 2.0, pull, cut), want)
+    # W^0 = 0: client 3's only collaborator is 2, client 5's none above 0.5 -> no pull
+    dense = update_weights(initial_weights(n, "box", value=0.0), edges, scores, 1.0, "box")
+    step = penalized_step(X, G, dense, 0.1, 2.0, pull, 0.5)
+    assert_close(step[5], X[5] - 0.1 * G[5])
+    assert not torch.allclose(step[3], X[3] - 0.1 * G[3])
+
+
+def test_initial_weight_and_pull_strength_apply_where_they_act(tmp_path):
+    """initial_weight is a box-domain key, pull_strength a key of the mean pull with rho
+    auto: elsewhere they would do nothing and are refused with one line; a stored config
+    from before either key ran W^0 = 1 and lr * rho = 0.2 (rule raycobo), and a paper-rule
+    one gets neither key."""
+    import yaml
+
+    from raycobo.config import ConfigError, load_config, load_stored_config
+
+    algo = CoBo(CoBoConfig(), 10, 0)
+    assert (algo.cfg.initial_weight, algo.cfg.pull_strength) == (0.0, 0.5)
+    assert CoBo(CoBoConfig(rule="paper"), 10, 0).cfg.initial_weight == 1.0
+    assert CoBo(CoBoConfig(pull_strength=0.3, lr=0.1), 10, 0).penalty(5) == pytest.approx(3.0)
+    for bad, key, why in [
+        (["algorithm.domain=simplex", "algorithm.initial_weight=0"], "initial_weight", "domain"),
+        (["algorithm.pull=sum", "algorithm.pull_strength=0.3"], "pull_strength", "pull: mean"),
+        (["algorithm.rule=paper", "algorithm.pull_strength=0.3"], "pull_strength", "pull: mean"),
+        (["algorithm.rho=2", "algorithm.pull_strength=0.3"], "pull_strength", "rho: auto"),
+        (["algorithm.pull_strength=1"], "pull_strength", "less than 1"),
+    ]:
+        with pytest.raises(ConfigError, match=f"algorithm.{key}.*{why}"):
+            load_config(None, bad)
+    assert CoBoConfig(rho=2.0).effective()["pull_strength"] is None
+    assert CoBoConfig(domain="simplex").effective()["initial_weight"] is None
+    pinned = CoBoConfig().pinned().model_dump(mode="json")
+    assert (pinned["initial_weight"], pinned["pull_strength"]) == (0.0, 0.5)
+    del pinned["initial_weight"], pinned["pull_strength"]  # pinned before the keys existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
+    old = CoBo(load_stored_config(tmp_path / "config.yaml").algorithm, 10, 0)
+    assert (old.cfg.initial_weight, old.cfg.pull_strength) == (1.0, 0.2)
+    paper = {"algorithm": {"name": "cobo", "gamma": 0.01}}  # before algorithm.rule
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(paper))
+    stored = load_stored_config(tmp_path / "config.yaml").algorithm
+    assert stored.pull_strength is None and stored.initial_weight == 1.0

@@ -232,7 +232,7 @@ def test_an_unstable_explicit_rho_is_refused(quad_cfg):
     with pytest.raises(ConfigError, match=r"'algorithm.rho'.*>= 1 overshoots"):
         session.start()
     session, _ = open_session(with_overrides(mean, {"algorithm.rho": "auto"}))
-    assert session.algorithm.penalty(80) == pytest.approx(0.2 / 0.1)
+    assert session.algorithm.penalty(80) == pytest.approx(0.5 / 0.1)  # pull_strength 0.5
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])

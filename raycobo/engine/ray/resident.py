@@ -92,7 +92,8 @@ class ResidentRounds:
         ops = self.ops
         x0 = ops.initial_params().numpy()
         self.algo.penalty(ops.n_clients)  # an unstable explicit rho stops here
-        self.W = initial_weights(ops.n_clients, self.algo.cfg.domain)
+        c = self.algo.cfg
+        self.W = initial_weights(ops.n_clients, c.domain, value=c.initial_weight)
         X0 = ops.initial_params().expand(ops.n_clients, -1)
         self.scale = self.algo.initial_scale(ops, X0)  # alignment bounded: its unit
         ops.get(
