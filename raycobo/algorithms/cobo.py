@@ -428,8 +428,26 @@ def penalized_rows_blocks(
     keep = 1.0 - lr * rho * W_rows.sum(dim=1, keepdim=True)  # (m, 1)
     out = X_rows * keep
     for cols, Xb in blocks:
-        out.addmm_(W_rows[:, cols].to(Xb.dtype), Xb, alpha=lr * rho)
+        add_weighted(out, W_rows[:, cols].to(Xb.dtype), Xb, lr * rho)
     return out.add_(G, alpha=-lr)
+
+
+# a block of pull weights with at most this share of nonzero entries is multiplied as a
+# sparse matrix: with W^0 = 0 and the threshold a row holds about its cluster's clients
+SPARSE_PULL_SHARE = 0.1
+
+
+def add_weighted(out: torch.Tensor, W: torch.Tensor, X: torch.Tensor, alpha: float) -> None:
+    """out += alpha * W @ X, W (m, k) dense; as a sparse product where at most
+    ``SPARSE_PULL_SHARE`` of W's entries are nonzero (the product's cost then follows the
+    nonzeros, not m * k), skipped where none are."""
+    nonzero = int(torch.count_nonzero(W))
+    if nonzero == 0:
+        return
+    if nonzero > SPARSE_PULL_SHARE * W.numel() or W.device.type != "cpu":
+        out.addmm_(W, X, alpha=alpha)
+        return
+    out.add_(torch.sparse.mm(W.to_sparse(), X), alpha=alpha)
 
 
 def alignment_scores(

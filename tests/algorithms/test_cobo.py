@@ -584,3 +584,28 @@ def test_initial_weight_and_pull_strength_apply_where_they_act(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(paper))
     stored = load_stored_config(tmp_path / "config.yaml").algorithm
     assert stored.pull_strength is None and stored.initial_weight == 1.0
+
+
+def test_a_mostly_zero_pull_is_multiplied_as_a_sparse_matrix(monkeypatch):
+    """Eq. (3)'s W X where at most a tenth of W's entries are nonzero (W^0 = 0 and the
+    threshold leave a cluster's worth per row) is a sparse product: the same numbers as
+    the dense one to float rounding, and no product at all where W is all zeros."""
+    from raycobo.algorithms import cobo
+
+    g = torch.Generator().manual_seed(3)
+    n, d = 40, 16
+    X, G = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    cl = torch.arange(n) // 4
+    W = (cl[:, None] == cl[None, :]).float() * torch.rand(n, n, generator=g)
+    calls = []
+    real = torch.sparse.mm
+    monkeypatch.setattr(torch.sparse, "mm", lambda *a: calls.append(1) or real(*a))
+    sparse = cobo.penalized_rows(X, X, G, W, 0.1, 5.0)
+    assert calls == [1]
+    monkeypatch.setattr(cobo, "SPARSE_PULL_SHARE", 0.0)
+    assert_close(sparse, cobo.penalized_rows(X, X, G, W, 0.1, 5.0), atol=1e-6, rtol=1e-6)
+    assert calls == [1]  # the dense product this time
+    monkeypatch.setattr(torch.Tensor, "addmm_", None)  # no product of either kind is made
+    monkeypatch.setattr(cobo, "SPARSE_PULL_SHARE", 0.1)
+    assert_close(cobo.penalized_rows(X, X, G, torch.zeros(n, n), 0.1, 5.0), X - 0.1 * G)
+    assert calls == [1]
