@@ -387,13 +387,16 @@ def test_a_signal_inside_a_checkpoint_write_is_delivered_after_it(tmp_path, sig)
     def on_term(signum, frame):
         raise Terminated("SIGTERM")
 
+    # the handlers a run has (an earlier test in the session may have left others)
     previous = signal.signal(signal.SIGTERM, on_term)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     path, state = tmp_path / "c.pt", {"x": torch.arange(100_000.0)}
     try:
         with pytest.raises(KeyboardInterrupt) as err:
             atomic_write(path, lambda f: torch.save(state, Writes(f)), True)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     assert isinstance(err.value, Terminated) == (sig == signal.SIGTERM)
     assert torch.equal(torch.load(path)["x"], state["x"])  # written whole, then delivered
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
