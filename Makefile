@@ -73,12 +73,13 @@ fidelity-quick: install data
 fidelity-ablation: install data
 	$(PY) benchmarks/fidelity/run.py --jobs 2 --ablation
 
-# CoBo's regime matrix (benchmarks/regimes): Local, Oracle, CoBo's defaults and the paper's
-# rule on every cell, 3 seeds on the test split, then its table and plot in FIDELITY.md
+# CoBo's regime matrix (benchmarks/regimes): Local, Oracle, CoBo's defaults, the previous
+# defaults and the paper's rule on every cell, 3 seeds on the test split, then its table
+# and plot in FIDELITY.md
 # (about four hours on 2 cores; -quick: the small cells, one seed, a few minutes)
 regimes: install data
-	$(PY) benchmarks/regimes/run.py --split test --candidates paper,no-threshold
-	$(PY) benchmarks/regimes/report.py --split test --entries cobo,no-threshold,paper \
+	$(PY) benchmarks/regimes/run.py --split test --candidates paper,third-matrix
+	$(PY) benchmarks/regimes/report.py --split test --entries cobo,third-matrix,paper \
 		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png
 
 regimes-quick: install

@@ -45,7 +45,8 @@ def _mean(xs):
 
 
 def summarize(rows: list[dict]) -> dict:
-    """-> {cell: {entry: {score, gap, diverged, n, w_within, w_across, mass_inside}}}"""
+    """-> {cell: {entry: {score, gap, diverged, n, w_within, w_across, mass_inside,
+    mass_pulled}}}"""
     metric = {c["id"]: c.get("metric", "accuracy") for c in load_cells()}
     by = defaultdict(lambda: defaultdict(list))
     for r in rows:
@@ -69,6 +70,7 @@ def summarize(rows: list[dict]) -> dict:
                 "w_within": _mean([r.get("w_within") for r in rs]),
                 "w_across": _mean([r.get("w_across") for r in rs]),
                 "mass_inside": _mean([r.get("mass_inside") for r in rs]),
+                "mass_pulled": _mean([r.get("mass_pulled_inside") for r in rs]),
                 "seconds": _mean([r.get("seconds") for r in rs]),
                 "metric": key,
             }
@@ -111,6 +113,8 @@ def markdown(table: dict, entries: list[str]) -> str:
                 continue
             gap = "" if v["gap"] is None else f", **{100 * v['gap']:.0f} %**"
             inside = "" if v["mass_inside"] is None else f", in {v['mass_inside']:.2f}"
+            if v.get("mass_pulled") is not None:
+                inside += f" (pulled {v['mass_pulled']:.2f})"
             row.append(fmt_score(v) + gap + inside)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -130,7 +134,8 @@ def verdict(table: dict, entry: str) -> dict:
             worst = v["gap"] if worst is None else min(worst, v["gap"])
             if v["gap"] < 0:
                 below_local.append(cell)
-        if v["mass_inside"] is not None and v["mass_inside"] < 0.9:
+        mass = v["mass_inside"] if v.get("mass_pulled") is None else v["mass_pulled"]
+        if mass is not None and mass < 0.9:  # the weights the pull reads, where it cuts
             low_mass.append(cell)
     return {
         "cells": len(gaps),

@@ -54,9 +54,10 @@ def cell_config(cell: dict, split: str, seed: int) -> dict:
     return cfg
 
 
-def w_shares(summary: dict) -> dict:
+def w_shares(summary: dict, threshold: float = 0.0) -> dict:
     """W at the end: mean within/across the true clusters and the share of each row's
-    mass inside its own cluster (the pull's view), averaged over rows."""
+    mass inside its own cluster, averaged over rows; with a pull threshold, also that
+    share among the weights the pull reads (entries at or above it)."""
     import numpy as np
 
     W, clients = summary.get("collaboration"), summary.get("clients") or []
@@ -68,13 +69,34 @@ def w_shares(summary: dict) -> dict:
     same = cl[:, None] == cl[None, :]
     off = ~np.eye(len(cl), dtype=bool)
     inside, outside = same & off, ~same
-    mass = (W * off).sum(1)
-    share = np.where(mass > 0, (W * inside).sum(1) / np.maximum(mass, 1e-12), np.nan)
-    return {
+    out = {
         "w_within": float(W[inside].mean()) if inside.any() else None,
         "w_across": float(W[outside].mean()) if outside.any() else None,
-        "mass_inside": float(np.nanmean(share)) if np.isfinite(share).any() else None,
+        "mass_inside": _share_inside(W, off, inside),
     }
+    if threshold > 0:
+        pulled = np.where(np.greater_equal(W, threshold), W, 0.0)
+        out["mass_pulled_inside"] = _share_inside(pulled, off, inside)
+    return out
+
+
+def _share_inside(W, off, inside) -> float | None:
+    """Each row's off-diagonal mass inside its cluster over its whole off-diagonal mass,
+    averaged over the rows that have any."""
+    import numpy as np
+
+    mass = (W * off).sum(1)
+    share = np.where(mass > 0, (W * inside).sum(1) / np.maximum(mass, 1e-12), np.nan)
+    return float(np.nanmean(share)) if np.isfinite(share).any() else None
+
+
+def pull_threshold(run_dir: Path) -> float:
+    """The pull threshold a CoBo run ran with (its pinned config; 0 without one)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return 0.0
+    algo = (yaml.safe_load(path.read_text()) or {}).get("algorithm") or {}
+    return float(algo.get("pull_threshold") or 0.0)
 
 
 def run_one(job: dict) -> dict:
@@ -87,6 +109,7 @@ def run_one(job: dict) -> dict:
     over = {"algorithm__name": job["method"]}
     over.update({f"algorithm__{k}": v for k, v in job["overrides"].items()})
     t0 = time.perf_counter()
+    threshold = 0.0
     with tempfile.TemporaryDirectory(prefix="regime-") as out:
         try:
             api.run(cfg, out=Path(out) / "run", track=False, **over)
@@ -94,6 +117,7 @@ def run_one(job: dict) -> dict:
             summary = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
         else:
             summary = json.loads((Path(out) / "run" / "summary.json").read_text())
+        threshold = pull_threshold(Path(out) / "run")
     loss, acc = summary.get("mean_loss"), summary.get("mean_accuracy")
     diverged = summary.get("status") != "completed" or loss is None or not math.isfinite(loss)
     return {
@@ -108,7 +132,7 @@ def run_one(job: dict) -> dict:
         "diverged": diverged,
         "error": summary.get("error"),
         "seconds": round(time.perf_counter() - t0, 1),
-        **w_shares(summary),
+        **w_shares(summary, threshold),
     }
 
 
