@@ -177,7 +177,7 @@ class CoBoConfig(MethodConfig):
     )
     weights: Literal["auto", "dense", "sparse"] = Field(
         default="auto",
-        description="W storage: dense n x n, or (box) ones + sampled entries; auto: sparse "
+        description="W storage: dense n x n, or (box) W^0 + the sampled entries; auto: sparse "
         "above 2,048 clients",
     )
     sampling_c: float = Field(default=2.0, gt=0, description="constant: p = c/n")
