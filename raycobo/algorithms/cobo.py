@@ -42,14 +42,14 @@ from pydantic import Field, ValidationInfo, field_validator
 from raycobo import rng
 from raycobo.algorithms.base import MODELS, ClientOps
 from raycobo.algorithms.projections import project_box, project_simplex
-from raycobo.algorithms.samplers import EdgeSampler
+from raycobo.algorithms.samplers import SAMPLINGS, EdgeSampler
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.algorithms.sparse_weights import SparseBoxWeights
 from raycobo.settings import ConfigError, Section
 
 # above this many clients the final W is not materialised densely for the run directory
 
-Sampling = Literal["constant", "time", "mixed", "mixed_sqrt", "full"]
+Sampling = Literal[tuple(SAMPLINGS)]  # the strategies samplers.py registers
 Domain = Literal["box", "simplex"]
 
 
@@ -235,13 +235,6 @@ class CoBoConfig(MethodConfig):
             if any(out[field] != value for field, value in conditions.items()):
                 out[key] = None
         return out
-
-
-def _switch(value: float | SwitchAfter) -> tuple[float, float | None]:
-    """mixed_switch as EdgeSampler's (share of rounds, samples) arguments."""
-    if isinstance(value, SwitchAfter):
-        return 0.0, float(value.samples)
-    return float(value), None
 
 
 class RuleView:
@@ -517,10 +510,7 @@ class CoBo:
         return c.gamma / (math.sqrt(1.0 + k) if c.gamma_decay == "sqrt" else 1.0 + k)
 
     def sampler(self, n: int) -> EdgeSampler:
-        c = self.cfg
-        return EdgeSampler(
-            c.sampling, n, self.rounds, self.seed, c.sampling_c, c.time_c, *_switch(c.mixed_switch)
-        )
+        return EdgeSampler.for_cobo(self.cfg, n, self.rounds, self.seed)
 
     def init(self, ops: ClientOps) -> CoBoState:
         n, c = ops.n_clients, self.cfg

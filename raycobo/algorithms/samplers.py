@@ -14,8 +14,10 @@ Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
   p = 2/n for 800 steps, then 1/sqrt(t));
 - ``full``:     every pair, every round (the paper's "no sampling" oracle).
 
-Draws are seeded by (seed, round) only, so they are reproducible and cost
-O(expected edges) -- not O(n^2) -- by geometric skipping over the pair index.
+Each strategy is one function registered with ``@sampling_rule(name)`` (p_t from the
+sampler's settings); CoBo's ``algorithm.sampling`` accepts the registered names. Draws
+are seeded by (seed, round) only, so they are reproducible and cost O(expected edges) --
+not O(n^2) -- by geometric skipping over the pair index.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,9 +72,24 @@ def bernoulli_pairs(n: int, p: float, gen: torch.Generator) -> torch.Tensor:
     return torch.stack([i, j], dim=1)
 
 
+# The sampling strategies by name: p_t for one pair in round t, from the sampler's
+# settings. A new strategy is one decorated function here (CoBo's ``algorithm.sampling``
+# accepts every registered name).
+SamplingRule = Callable[["EdgeSampler", int], float]
+SAMPLINGS: dict[str, SamplingRule] = {}
+
+
+def sampling_rule(name: str) -> Callable[[SamplingRule], SamplingRule]:
+    def register(rule: SamplingRule) -> SamplingRule:
+        SAMPLINGS[name] = rule
+        return rule
+
+    return register
+
+
 @dataclass(frozen=True)
 class EdgeSampler:
-    kind: str  # constant | time | mixed | full
+    kind: str  # a name in SAMPLINGS
     n: int
     rounds: int
     seed: int
@@ -80,26 +98,29 @@ class EdgeSampler:
     mixed_switch: float = 0.002
     switch_samples: float | None = None  # or: switch once a pair had this many samples
 
+    def __post_init__(self):
+        if self.kind not in SAMPLINGS:
+            raise ValueError(f"unknown sampling '{self.kind}' (one of {', '.join(SAMPLINGS)})")
+
+    @classmethod
+    def for_cobo(cls, cfg, n: int, rounds: int, seed: int) -> EdgeSampler:
+        """The sampler of CoBo's settings (``sampling``, ``sampling_c``, ``time_c``,
+        ``mixed_switch``: a share of the rounds, or an object with ``samples``)."""
+        switch = cfg.mixed_switch
+        samples = getattr(switch, "samples", None)
+        share = 0.0 if samples is not None else float(switch)
+        return cls(cfg.sampling, n, rounds, seed, cfg.sampling_c, cfg.time_c, share, samples)
+
+    def constant_rate(self) -> float:
+        return min(1.0, self.sampling_c / max(self.n, 1))
+
     def switch_round(self) -> int:
         if self.switch_samples is not None:  # the constant phase gives each pair K samples
-            const = min(1.0, self.sampling_c / max(self.n, 1))
-            return int(math.ceil(self.switch_samples / const))
+            return int(math.ceil(self.switch_samples / self.constant_rate()))
         return int(math.ceil(self.mixed_switch * self.rounds))
 
     def probability(self, t: int) -> float:
-        const = min(1.0, self.sampling_c / max(self.n, 1))
-        timed = min(1.0, self.time_c / (t + 1))
-        if self.kind == "full":
-            return 1.0
-        if self.kind == "constant":
-            return const
-        if self.kind == "time":
-            return timed
-        if self.kind == "mixed":
-            return const if t < self.switch_round() else min(const, timed)
-        if self.kind == "mixed_sqrt":  # the authors' code: 2/n, then 1/sqrt(t) after 800
-            return const if t < self.switch_round() else min(1.0, self.time_c / math.sqrt(t + 1))
-        raise ValueError(f"unknown sampling '{self.kind}'")
+        return SAMPLINGS[self.kind](self, t)
 
     def expected_samples(self, t: int) -> float:
         """How often a pair has been sampled before round t, in expectation: the sum of
@@ -112,6 +133,33 @@ class EdgeSampler:
         """Edges (E, 2) with i < j for round t."""
         gen = rng.generator(self.seed, rng.SAMPLER, t)
         return bernoulli_pairs(self.n, self.probability(t), gen)
+
+
+@sampling_rule("constant")
+def _constant(s: EdgeSampler, t: int) -> float:
+    return s.constant_rate()
+
+
+@sampling_rule("time")
+def _time(s: EdgeSampler, t: int) -> float:
+    return min(1.0, s.time_c / (t + 1))
+
+
+@sampling_rule("mixed")
+def _mixed(s: EdgeSampler, t: int) -> float:
+    return s.constant_rate() if t < s.switch_round() else min(s.constant_rate(), _time(s, t))
+
+
+@sampling_rule("mixed_sqrt")
+def _mixed_sqrt(s: EdgeSampler, t: int) -> float:  # the authors' code: 2/n, then 1/sqrt(t)
+    if t < s.switch_round():
+        return s.constant_rate()
+    return min(1.0, s.time_c / math.sqrt(t + 1))
+
+
+@sampling_rule("full")
+def _full(s: EdgeSampler, t: int) -> float:
+    return 1.0
 
 
 @functools.lru_cache(maxsize=64)

@@ -106,3 +106,21 @@ def test_cobo_reads_mixed_switch_as_a_share_or_samples():
     by = CoBo(CoBoConfig(mixed_switch={"samples": 5}), 400, 0).sampler(8)
     assert by.switch_round() == 20  # 5 samples at p = 2 / 8
     assert CoBo(CoBoConfig(rule="paper"), 400, 0).sampler(8).switch_round() == 200
+
+
+def test_a_sampling_strategy_is_one_registered_function(monkeypatch):
+    """CoBo's algorithm.sampling accepts exactly the registered strategies; a new one is
+    a function registered in samplers.py (here a throwaway p_t = 1/2), and the sampler,
+    its expected samples and an unknown name's one-line refusal follow from it."""
+    from typing import get_args
+
+    from raycobo.algorithms import samplers
+    from raycobo.algorithms.cobo import Sampling
+
+    assert set(get_args(Sampling)) == set(samplers.SAMPLINGS)
+    monkeypatch.setitem(samplers.SAMPLINGS, "half", lambda s, t: 0.5)
+    s = EdgeSampler("half", 30, 100, seed=0)
+    assert s.probability(7) == 0.5 and s.expected_samples(10) == pytest.approx(5.0)
+    assert s.sample(3).shape[1] == 2
+    with pytest.raises(ValueError, match="unknown sampling 'halve' .*half"):
+        EdgeSampler("halve", 30, 100, seed=0)
