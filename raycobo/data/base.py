@@ -19,6 +19,7 @@ class FederatedData:
 
     uses_model: ClassVar[bool] = True  # trained through model.name
     reports_perplexity: ClassVar[bool] = False
+    ops: ClassVar[str] = "supervised"  # the ClientOps that train it (raycobo.engine.OPS)
 
     name: str
     train_x: torch.Tensor  # (N, *input_shape) float32

@@ -26,6 +26,7 @@ from raycobo.config import DataConfig
 class QuadraticProblem:
     uses_model: ClassVar[bool] = False  # closed form: no network, no model.name
     reports_perplexity: ClassVar[bool] = False
+    ops: ClassVar[str] = "quadratic"  # closed-form gradients (raycobo.engine.OPS)
 
     centers: torch.Tensor  # (K, d) mu_k
     cluster: torch.Tensor  # (n,) cluster of each client

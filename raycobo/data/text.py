@@ -41,6 +41,7 @@ class TextData:
 
     uses_model: ClassVar[bool] = True
     reports_perplexity: ClassVar[bool] = True  # its loss is a language model's
+    ops: ClassVar[str] = "lora"  # a LoRA language model (raycobo.engine.OPS)
 
     name: str
     train: list[torch.Tensor]

@@ -1,13 +1,17 @@
 """Engines: where the clients' computation runs (``engine.kind``), behind one session.
 
 ``open_session(cfg)`` loads the data, builds the method and returns the session the run
-loop talks to (``raycobo.engine.session``): a :class:`LocalSession` over this process's
-``ClientOps`` (``local``, ``loop``) or a ``RaySession`` (``ray``).
+loop talks to (``raycobo.engine.session``), from the registry ``ENGINES``: a
+:class:`LocalSession` over this process's ``ClientOps`` (``local``, ``loop``) or a
+``RaySession`` (``ray``). The ``ClientOps`` follow what the data set declares
+(``data.ops``: ``supervised``, ``quadratic``, ``lora``; the registry ``OPS``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,17 +30,34 @@ class Task:
 
 def open_session(cfg: Config) -> tuple[Session, Task]:
     """The data, the method and the engine of ``cfg`` as one session (not started)."""
-    from raycobo.algorithms import build_algorithm
     from raycobo.data import load_data
 
     data = load_data(cfg)
     task = Task(cfg.model.name if data.uses_model else None, data.reports_perplexity)
-    if cfg.engine.kind == "ray":
-        from raycobo.engine.ray import RaySession
+    return ENGINES[cfg.engine.kind](cfg, data), task
 
-        return RaySession(cfg, data.n_clients, data), task
+
+def _local_session(cfg: Config, data) -> Session:
+    from raycobo.algorithms import build_algorithm
+
     algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
-    return LocalSession(algo, make_local_ops(cfg, data), cfg.engine.threads), task
+    return LocalSession(algo, make_local_ops(cfg, data), cfg.engine.threads)
+
+
+def _ray_session(cfg: Config, data) -> Session:
+    from raycobo.engine.ray import RaySession
+
+    return RaySession(cfg, data.n_clients, data)
+
+
+# engine.kind -> the session over ``data``: local and loop run in this process (the ops
+# decide vectorized or per-client), ray over host actors. A new engine is a package with
+# a Session and one entry here (and its name in EngineConfig.kind).
+ENGINES: dict[str, Callable[[Config, Any], Session]] = {
+    "local": _local_session,
+    "loop": _local_session,
+    "ray": _ray_session,
+}
 
 
 def make_local_ops(
@@ -45,19 +66,19 @@ def make_local_ops(
     device: str | None = None,
     client_ids: torch.Tensor | None = None,
 ) -> ClientOps:
-    """ClientOps in this process: ``loop`` (per-client loop) or else vectorized; a Ray
-    host passes its device and the global ids of the clients it holds (``data`` is then
-    their subset), so its batches are the ones the local engine draws."""
-    from raycobo.data.quadratic import QuadraticProblem
-    from raycobo.data.text import TextData
-
+    """ClientOps in this process for the kind of data ``data`` declares (``data.ops``,
+    ``OPS``); a Ray host passes its device and the global ids of the clients it holds
+    (``data`` is then their subset), so its batches are the ones the local engine draws."""
     device = device or cfg.engine.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"invalid config key 'engine.device': '{device}' but CUDA is not available"
         )
-    if not isinstance(data, QuadraticProblem | TextData):
-        return make_supervised_ops(cfg, data, device, client_ids)
+    return OPS[data.ops](cfg, data, device, client_ids)
+
+
+def _full_precision_only(cfg: Config) -> None:
+    """Data without a supervised model: the engine's precision keys do not apply."""
     e = cfg.engine
     for key, plain in (("precision", "fp32"), ("channels_last", False)):
         if getattr(e, key) != plain:
@@ -65,12 +86,19 @@ def make_local_ops(
                 f"invalid config key 'engine.{key}': it applies to the supervised models "
                 f"(mlp, cnn, resnet9, ...), not to data.name={cfg.data.name}"
             )
-    if isinstance(data, QuadraticProblem):
-        from raycobo.engine.quadratic import QuadraticOps
 
-        return QuadraticOps(data, cfg.seed, device, client_ids=client_ids)
+
+def _quadratic_ops(cfg: Config, data, device: str, client_ids=None) -> ClientOps:
+    from raycobo.engine.quadratic import QuadraticOps
+
+    _full_precision_only(cfg)
+    return QuadraticOps(data, cfg.seed, device, client_ids=client_ids)
+
+
+def _lora_ops(cfg: Config, data, device: str, client_ids=None) -> ClientOps:
     from raycobo.engine.llm import LoRAOps  # one path for local and loop: rows one by one
 
+    _full_precision_only(cfg)
     return LoRAOps(data, cfg, device, client_ids=client_ids)
 
 
@@ -106,4 +134,11 @@ def make_supervised_ops(cfg: Config, data, device: str, client_ids=None) -> Clie
     return Ops(data, model, cfg.batch_size, cfg.seed, plan, device, client_ids, cfg.data.augment)
 
 
-__all__ = ["LocalSession", "Session", "Task", "make_local_ops", "open_session"]
+# data.ops -> the ClientOps that compute its gradients and evaluations in this process
+OPS: dict[str, Callable[..., ClientOps]] = {
+    "supervised": make_supervised_ops,
+    "quadratic": _quadratic_ops,
+    "lora": _lora_ops,
+}
+
+__all__ = ["ENGINES", "OPS", "LocalSession", "Session", "Task", "make_local_ops", "open_session"]

@@ -324,3 +324,18 @@ def test_a_state_that_cannot_fit_is_refused_before_anything_is_allocated(monkeyp
     monkeypatch.setattr(memory, "available_bytes", lambda device: 1000)
     with pytest.raises(ConfigError, match="more than the 0.0 GiB available"):
         LocalSession(algo, ops).start()
+
+
+def test_engines_and_ops_are_chosen_by_registry():
+    """engine.kind names a registered engine, and every data set declares the ClientOps
+    that train it (no isinstance on data classes, no string branches on the kind)."""
+    from typing import get_args
+
+    from raycobo.config import EngineConfig
+    from raycobo.data.base import FederatedData
+    from raycobo.data.quadratic import QuadraticProblem
+    from raycobo.data.text import TextData
+    from raycobo.engine import ENGINES, OPS
+
+    assert set(ENGINES) == set(get_args(EngineConfig.model_fields["kind"].annotation))
+    assert {FederatedData.ops, QuadraticProblem.ops, TextData.ops} == set(OPS)
