@@ -89,3 +89,21 @@ def test_no_module_shadows_a_name_of_the_api():
     import raycobo.cli  # noqa: F401 - imports the whole package tree
 
     assert callable(raycobo.run) and callable(raycobo.compare) and callable(raycobo.sweep)
+
+
+def test_ray_internals_are_used_in_one_function_that_says_why():
+    """Public Ray APIs everywhere else (#34 item 5): every `ray._private` reference of the
+    package sits inside engine/ray/layout.py's `_ray_private`, whose docstring says why."""
+    outside = []
+    for path, _, tree in _modules():
+        inside = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "_ray_private":
+                assert ast.get_docstring(node) and "why" in ast.get_docstring(node)
+                inside |= {id(n) for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            mod = node.module if isinstance(node, ast.ImportFrom) else None
+            attr = isinstance(node, ast.Attribute) and node.attr == "_private"
+            if (attr or (mod or "").startswith("ray._private")) and id(node) not in inside:
+                outside.append(f"{path.relative_to(PKG)}:{node.lineno}")
+    assert not outside, outside

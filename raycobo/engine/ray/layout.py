@@ -42,10 +42,7 @@ def _uploaded(modules: list) -> list[str]:
     import logging
     import tempfile
 
-    import ray
-    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
-
-    node = ray._private.worker.global_worker.node
+    upload_py_modules_if_needed, node, _ = _ray_private()
     scratch = node.get_runtime_env_dir_path() if node is not None else tempfile.mkdtemp()
     env = upload_py_modules_if_needed(
         {"py_modules": list(modules)},
@@ -54,6 +51,21 @@ def _uploaded(modules: list) -> list[str]:
         logger=logging.getLogger("raycobo.plugins"),
     )
     return list(env["py_modules"])
+
+
+def _ray_private():
+    """The only Ray internals raycobo uses, and why no public API serves: (1) packing
+    local modules into the cluster's store for an actor's ``runtime_env`` (``ray.init``
+    does it for its own runtime environment only; an actor's must name packages by URI),
+    and the connected node's scratch folder it packs into; (2) Ray's flag for binding a
+    local instance to the loopback address (Ray 2.5x picks the network interface's
+    address, and ``ray.init`` has no public argument for the node's address).
+    -> (upload_py_modules_if_needed, the driver's node or None, ray_constants)"""
+    import ray
+    from ray._private import ray_constants
+    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+
+    return upload_py_modules_if_needed, ray._private.worker.global_worker.node, ray_constants
 
 
 def _address_of(address: str) -> tuple[str, int] | None:
@@ -116,9 +128,7 @@ def start_ray(cfg: Config) -> None:
         check_reachable(cfg.engine.address, cfg.engine.connect_timeout_s)
         ray.init(address=cfg.engine.address, log_to_driver=False, runtime_env=env)
         return
-    from ray._private import ray_constants
-
-    ray_constants.ENABLE_RAY_CLUSTER = False  # loopback node address
+    _ray_private()[2].ENABLE_RAY_CLUSTER = False  # loopback node address
     ray.init(
         # always a new instance of our own, even where `ray start` left a cluster's address
         # behind (/tmp/ray/ray_current_cluster): engine.address joins clusters
