@@ -80,7 +80,8 @@ fidelity-ablation: install data
 regimes: install data
 	$(PY) benchmarks/regimes/run.py --split test --candidates paper,third-matrix
 	$(PY) benchmarks/regimes/report.py --split test --entries cobo,third-matrix,paper \
-		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png
+		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png \
+		--scaling-plot benchmarks/regimes/scaling.png
 
 regimes-quick: install
 	$(PY) benchmarks/regimes/run.py --quick --split test --candidates paper --out runs/regimes-quick

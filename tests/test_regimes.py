@@ -61,3 +61,20 @@ def test_the_report_reads_the_matrix(rows, tmp_path):
     body = out.read_text()
     assert body.count(report.START) == 1 and "table again" in body and body.startswith("# Fid")
     assert report.plot(table, ["cobo"], tmp_path / "p.png").stat().st_size > 0
+
+
+def test_the_scaling_table_reads_n_from_the_cells(tmp_path):
+    """The cross-device cells by client count: n from the partition, seconds per round
+    from the run's wall time over the cell's rounds, and the plot against n."""
+    cells = {c["id"]: c for c in regimes.load_cells()}
+    assert report.clients(cells["fmnist-160"]) == 160 and report.clients(cells["quad-2x2"]) == 4
+    rows = [
+        {"cell": "fmnist-160", "entry": e, "seed": 0, "accuracy": a, "loss": 1.0,
+         "diverged": False, "seconds": 300.0, "mass_inside": 0.8, "mass_pulled_inside": 0.99,
+         "w_within": 0.7, "w_across": 0.01}
+        for e, a in (("local", 0.5), ("oracle", 0.7), ("cobo", 0.68))
+    ]  # fmt: skip
+    text = report.scaling(report.summarize(rows))
+    want = "| 160 | fmnist-160 | 3000 | 50.0 | 70.0 | 68.0 | 90 % | 0.70 / 0.010 | 0.99 | 0.100 |"
+    assert want in text
+    assert report.plot_scaling(report.summarize(rows), ["cobo"], tmp_path / "s.png").stat().st_size

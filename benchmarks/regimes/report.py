@@ -178,6 +178,79 @@ def plot(table: dict, entries: list[str], path: Path) -> Path:
     return path
 
 
+def clients(cell: dict) -> int | None:
+    """A cell's client count from its partition (clusters x clients, or a list of sizes)."""
+    part = cell["config"]["data"].get("partition") or {}
+    per = part.get("clients_per_cluster")
+    if isinstance(per, list):
+        return sum(per)
+    if per is not None and part.get("num_clusters") is not None:
+        return int(per) * int(part["num_clusters"])
+    return None
+
+
+def scaling(table: dict, entry: str = "cobo", min_clients: int = 80) -> str:
+    """The cross-device cells (at least ``min_clients``) by n: the entry's score, gap
+    closed, W within/across, the pulled mass inside, and seconds per round of its run
+    (wall time over rounds, evaluations included, one torch thread)."""
+    head = (
+        "| n | cell | rounds | Local | Oracle | CoBo | gap closed | W within / across | "
+        "pulled mass inside | s / round |"
+    )
+    lines = [head, "|" + "---|" * 10]
+    cells = [(clients(c), c) for c in load_cells() if c["id"] in table]
+    for n, c in sorted((x for x in cells if x[0] and x[0] >= min_clients), key=lambda x: x[0]):
+        t, v = table[c["id"]], table[c["id"]].get(entry)
+        if v is None:
+            continue
+        gap = "-" if v["gap"] is None else f"{100 * v['gap']:.0f} %"
+        w = "-" if v["w_within"] is None else f"{v['w_within']:.2f} / {v['w_across']:.3f}"
+        mass = v.get("mass_pulled") if v.get("mass_pulled") is not None else v["mass_inside"]
+        sec = "-" if v["seconds"] is None else f"{v['seconds'] / c['config']['rounds']:.3f}"
+        lines.append(
+            f"| {n} | {c['id']} | {c['config']['rounds']} | {fmt_score(t.get('local'))} | "
+            f"{fmt_score(t.get('oracle'))} | {fmt_score(v)} | {gap} | {w} | "
+            f"{'-' if mass is None else f'{mass:.2f}'} | {sec} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_scaling(table: dict, entries: list[str], path: Path, min_clients: int = 80) -> Path:
+    """Gap closed and seconds per round against n on the cross-device cells (the longest
+    run of each n), one line per entry."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    longest: dict[int, dict] = {}
+    for c in load_cells():
+        n = clients(c)
+        if c["id"] not in table or not n or n < min_clients:
+            continue
+        if n not in longest or c["config"]["rounds"] > longest[n]["config"]["rounds"]:
+            longest[n] = c
+    fig, (gap_ax, sec_ax) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for e in entries:
+        pts = [(n, table[c["id"]].get(e), c) for n, c in sorted(longest.items())]
+        pts = [(n, v, c) for n, v, c in pts if v is not None and v["gap"] is not None]
+        if not pts:
+            continue
+        ns = [n for n, _, _ in pts]
+        gap_ax.plot(ns, [100 * v["gap"] for _, v, _ in pts], "o-", label=e)
+        secs = [v["seconds"] / c["config"]["rounds"] for _, v, c in pts]
+        sec_ax.plot(ns, secs, "o-", label=e)
+    gap_ax.axhline(75, color="grey", lw=0.8, ls="--")
+    gap_ax.set(xscale="log", xlabel="clients n", ylabel="Local -> Oracle gap closed (%)")
+    sec_ax.set(xscale="log", yscale="log", xlabel="clients n", ylabel="seconds per round")
+    gap_ax.legend(fontsize=8)
+    fig.suptitle("CoBo against n (cross-device cells, 3,000 rounds; one torch thread)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 START, END = "<!-- regimes:start -->", "<!-- regimes:end -->"
 
 
@@ -200,6 +273,7 @@ def main() -> int:
     ap.add_argument("--entries", default="", help="columns (default: every CoBo entry)")
     ap.add_argument("--write", type=Path, default=None, help="put the table in this file")
     ap.add_argument("--plot", type=Path, default=None, help="the gap-closed plot (PNG)")
+    ap.add_argument("--scaling-plot", type=Path, default=None, help="gap and s/round vs n")
     ap.add_argument("--intro", type=Path, default=None, help="text above the table")
     args = ap.parse_args()
     rows = read_results(args.out / args.split / "results.jsonl")
@@ -220,10 +294,22 @@ def main() -> int:
             f"{', '.join(v['mass_below_0.9']) or 'none'}; diverged: "
             f"{', '.join(v['diverged']) or 'none'}"
         )
+    lines += [
+        "",
+        "**CoBo's defaults against n** (the cross-device cells; seconds per round are each "
+        "run's wall time over its rounds, evaluations included, one torch thread, two runs "
+        "sharing the 2 cores: a measure of cost, not a benchmark):",
+        "",
+        scaling(table),
+        "",
+        "![gap closed and seconds per round against n](benchmarks/regimes/scaling.png)",
+    ]
     text = "\n".join(lines)
     print(text)
     if args.plot:
         print(f"wrote {plot(table, entries, args.plot)}")
+    if args.scaling_plot:
+        print(f"wrote {plot_scaling(table, entries, args.scaling_plot)}")
     if args.write:
         intro = args.intro.read_text() if args.intro else ""
         write_block(args.write, intro + "\n" + text + "\n")
