@@ -76,7 +76,7 @@ fidelity-ablation: install data
 # CoBo's regime matrix (benchmarks/regimes): Local, Oracle, CoBo's defaults, the previous
 # defaults and the paper's rule on every cell, 3 seeds on the test split, then its table
 # and plot in FIDELITY.md
-# (about four hours on 2 cores; -quick: the small cells, one seed, a few minutes)
+# (about five hours on 2 cores; -quick: the small cells, one seed, a few minutes)
 regimes: install data
 	$(PY) benchmarks/regimes/run.py --split test --candidates paper,third-matrix
 	$(PY) benchmarks/regimes/report.py --split test --entries cobo,third-matrix,paper \
