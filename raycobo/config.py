@@ -513,17 +513,12 @@ def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:
 def _cobo_added_later(section: dict[str, Any]) -> None:
     """A stored CoBo section without a key added later ran the key's old value, where the
     key applies (its ``ONLY_WITH`` conditions; the section's rule fills null keys)."""
-    from raycobo.algorithms.cobo import ONLY_WITH, RULES
+    from raycobo.algorithms.cobo import RULES, unmet_condition
 
-    rule = RULES.get(section.get("rule", "paper"), RULES["paper"])
-    defaults = {"domain": "box", "rho": "auto"}
+    rule = section.get("rule", "paper")
+    rule = rule if rule in RULES else "paper"
     for key, value in COBO_ADDED_LATER.items():
-        have = {
-            field: section.get(field) if section.get(field) is not None else rule.get(field)
-            for field in ONLY_WITH[key]
-        }
-        have = {f: defaults.get(f) if v is None else v for f, v in have.items()}
-        if have == ONLY_WITH[key]:
+        if unmet_condition(key, section, rule) is None:
             section.setdefault(key, value)
 
 

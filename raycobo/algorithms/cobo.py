@@ -100,6 +100,19 @@ class SwitchAfter(Section):
     samples: float = Field(gt=0, description="expected samples of a pair before the switch")
 
 
+def unmet_condition(key: str, settings: dict, rule: str) -> tuple[str, str, object] | None:
+    """The first of ``ONLY_WITH[key]``'s conditions that ``settings`` (CoBo's keys as a
+    mapping; a null or missing key takes the rule's value, else the field's default)
+    fails, as (field, wanted, value); None where the key applies."""
+    for field, wanted in ONLY_WITH[key].items():
+        have = settings.get(field)
+        if have is None:
+            have = RULES[rule].get(field, CoBoConfig.model_fields[field].default)
+        if have != wanted:
+            return field, wanted, have
+    return None
+
+
 def _by_rule(key: str) -> str:
     return " (null: by algorithm.rule: raycobo {raycobo}, paper {paper})".format(
         **{r: RULES[r][key] for r in RULES}
@@ -213,15 +226,13 @@ class CoBoConfig(MethodConfig):
         """A key of ``ONLY_WITH`` set where it would do nothing is refused."""
         if value is None:
             return value
-        rule = info.data.get("rule", "raycobo")
-        for field, wanted in ONLY_WITH[info.field_name].items():
-            have = info.data.get(field)
-            have = RULES[rule][field] if have is None and field in RULES[rule] else have
-            if have != wanted:
-                raise ValueError(
-                    f"applies to {field}: {wanted}, not {have} (it would do nothing): drop it"
-                    + (f", or set algorithm.{field}={wanted}" if field != "domain" else "")
-                )
+        unmet = unmet_condition(info.field_name, info.data, info.data.get("rule", "raycobo"))
+        if unmet is not None:
+            field, wanted, have = unmet
+            raise ValueError(
+                f"applies to {field}: {wanted}, not {have} (it would do nothing): drop it"
+                + (f", or set algorithm.{field}={wanted}" if field != "domain" else "")
+            )
         return value
 
     def effective(self) -> dict:
