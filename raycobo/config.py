@@ -487,8 +487,14 @@ RAYCOBO_BEFORE_PINNING = {
 
 # CoBo keys added after runs were pinned: a stored config without the key ran this value
 # where the key applies (the box domain's pull threshold and W^0, 2026-11-27: none and 1
-# before; the mean pull's strength with rho auto: 0.2 before it was a key)
-COBO_ADDED_LATER = {"pull_threshold": 0.0, "initial_weight": 1.0, "pull_strength": 0.2}
+# before; the mean pull's strength with rho auto: 0.2 before it was a key; the box
+# domain's re-sampling of pulled pairs: none before)
+COBO_ADDED_LATER = {
+    "pull_threshold": 0.0,
+    "initial_weight": 1.0,
+    "pull_strength": 0.2,
+    "recheck": 0.0,
+}
 
 
 def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ SAMPLER = 7  # edge / client sampling
 INIT = 8
 FT = 9
 VAL = 10  # draws from the held-out validation part of a client's data
+RECHECK = 11  # CoBo's re-sampling of the pairs its pull reads
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

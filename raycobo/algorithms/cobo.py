@@ -70,6 +70,7 @@ RULES: dict[str, dict[str, object]] = {
         "cosine_floor": 0.3,
         "pull_threshold": PULL_THRESHOLD,
         "initial_weight": 0.0,
+        "recheck": 0.02,
     },
     "paper": {
         "alignment": "inner",
@@ -81,6 +82,7 @@ RULES: dict[str, dict[str, object]] = {
         "cosine_floor": 0.3,
         "pull_threshold": 0.0,
         "initial_weight": 1.0,
+        "recheck": 0.0,
     },
 }
 # keys that apply only where other keys have these values: written out (pinned, MLflow
@@ -89,6 +91,7 @@ ONLY_WITH: dict[str, dict[str, str]] = {
     "cosine_floor": {"alignment": "bounded"},
     "pull_threshold": {"domain": "box"},
     "initial_weight": {"domain": "box"},
+    "recheck": {"domain": "box"},
     "pull_strength": {"pull": "mean", "rho": "auto", "domain": "box"},
 }
 
@@ -126,8 +129,8 @@ class CoBoConfig(MethodConfig):
     rule: Literal["raycobo", "paper"] = Field(
         default="raycobo",
         description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
-        "pull_strength, pull_threshold, initial_weight and mixed_switch: raycobo's (chosen "
-        "on the regime matrix) or Algorithm 1 as printed",
+        "pull_strength, pull_threshold, initial_weight, recheck and mixed_switch: raycobo's "
+        "(chosen on the regime matrix) or Algorithm 1 as printed",
     )
     # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
     # the collaborators' weighted mean per step); pull sum: 0.3, lowered as 0.4 / (lr n)
@@ -188,6 +191,15 @@ class CoBoConfig(MethodConfig):
         "Eq. (3)'s pull (many small cross-cluster weights add up to a large share of a "
         "row's pull)" + _by_rule("pull_threshold"),
     )
+    recheck: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="box domain: each pair the pull reads (w_ij >= pull_threshold; > 0 "
+        "without one) is sampled with at least this probability each round (drawn again "
+        "where the sampling strategy's own p_t is lower), so that a pair that one early "
+        "sample made a collaborator is measured again" + _by_rule("recheck"),
+    )
     weights: Literal["auto", "dense", "sparse"] = Field(
         default="auto",
         description="W storage: dense n x n, or (box) W^0 + the sampled entries; auto: sparse "
@@ -220,7 +232,7 @@ class CoBoConfig(MethodConfig):
         "first and W at the new models' midpoints (authors' code)",
     )
 
-    @field_validator("cosine_floor", "pull_threshold", "initial_weight", "pull_strength")
+    @field_validator("cosine_floor", "pull_threshold", "initial_weight", "pull_strength", "recheck")
     @classmethod
     def _applies(cls, value: float | None, info: ValidationInfo) -> float | None:
         """A key of ``ONLY_WITH`` set where it would do nothing is refused."""
@@ -353,6 +365,22 @@ def update_weight_rows(
     mask[torch.arange(touched.numel(), device=W.device), row_ids[touched]] = False  # w_ii
     W[touched] = project_simplex(W[touched], mask)
     return W
+
+
+def pulled_pairs(
+    W: torch.Tensor | SparseBoxWeights, threshold: float, active: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The pairs (P, 2), i < j, sorted, that Eq. (3)'s pull reads: w_ij >= ``threshold``
+    (w_ij > 0 with none), both clients present (``active``)."""
+    if isinstance(W, SparseBoxWeights):
+        pairs = W.pairs_at_least(threshold)
+    else:
+        pulled = torch.ge(W, threshold) if threshold > 0 else torch.gt(W, 0)
+        pairs = torch.nonzero(torch.triu(pulled, diagonal=1))
+    if active is not None:
+        present = active.to(pairs.device)
+        pairs = pairs[present[pairs[:, 0]] & present[pairs[:, 1]]]
+    return pairs
 
 
 def penalty(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -570,17 +598,56 @@ class CoBo:
         return G.square().sum(dim=1).mean().detach()
 
     def sample_edges(
-        self, active: torch.Tensor | None, t: int, n_clients: int, device=None
+        self, active: torch.Tensor | None, t: int, n_clients: int, device=None, W=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Round t's sampled pairs among the present clients (global ids, i < j), and the
-        present clients (who take the model step). -> (edges (E, 2), members (m,))"""
+        """Round t's sampled pairs among the present clients (global ids, i < j, sorted),
+        and the present clients (who take the model step); with ``W`` (W^t) and
+        ``recheck``, the pairs the pull reads are re-sampled too (``with_rechecks``).
+        -> (edges (E, 2), members (m,))"""
         ids = None if active is None else torch.nonzero(active).flatten()
         n = n_clients if ids is None else ids.numel()  # clients in the system
         edges = self.sampler(n).sample(t).to(device)  # (E, 2), among the present
         members = torch.arange(n_clients, device=device) if ids is None else ids.to(device)
         if ids is not None:
             edges = members[edges]  # global ids, still i < j
+        if W is not None and self.samples_from_w(t, n):
+            edges = self.with_rechecks(edges, W, active, t, self.recheck_rate(t, n))
         return edges, members
+
+    def recheck_rate(self, t: int, n: int) -> float:
+        """The probability that a pulled pair is drawn again in round t besides the
+        sampler's own draw (p_t among n present clients): (recheck - p_t) / (1 - p_t),
+        so that it is sampled with probability ``recheck`` in all; 0 where p_t is
+        already at least that."""
+        p = self.sampler(n).probability(t)
+        return max(0.0, (self.cfg.recheck - p) / (1.0 - p)) if p < 1 else 0.0
+
+    def samples_from_w(self, t: int, n: int) -> bool:
+        """Whether round t's pairs among n present clients depend on W^t (``recheck``
+        above the sampler's own rate): an engine must then sample round t only once
+        round t - 1's W is known."""
+        return self.cfg.domain == "box" and bool(self.cfg.recheck) and self.recheck_rate(t, n) > 0
+
+    def with_rechecks(
+        self, edges: torch.Tensor, W, active: torch.Tensor | None, t: int, rate: float
+    ) -> torch.Tensor:
+        """``edges`` and, each with probability ``rate`` (seeded by (seed, round)), the
+        pairs the pull reads in W^t: a pair that one early sample (say, while the models
+        still shared x^0) made a collaborator is measured again, and Eq. (1) takes it
+        back out if it is not aligned. -> (E', 2), i < j, sorted, distinct"""
+        if rate <= 0:
+            return edges
+        n = W.shape[0]
+        pairs = pulled_pairs(W, self.threshold(), active).cpu()
+        if pairs.numel() == 0:
+            return edges
+        gen = rng.generator(self.seed, rng.RECHECK, t)
+        chosen = pairs[torch.rand(pairs.shape[0], generator=gen) < rate]
+        keys = torch.cat(
+            [edges[:, 0] * n + edges[:, 1], (chosen[:, 0] * n + chosen[:, 1]).to(edges.device)]
+        )
+        keys = torch.unique(keys)  # sorted: the order of the sampler's own edges
+        return torch.stack([keys // n, keys % n], dim=1)
 
     def plan(
         self, state: CoBoState, t: int, ops: ClientOps, with_models: bool = False
@@ -590,7 +657,7 @@ class CoBo:
         members' models follow the midpoints in ``points`` (one request for the round),
         written into one buffer instead of gathered and concatenated."""
         X = state.X
-        edges, members = self.sample_edges(state.active, t, ops.n_clients, X.device)
+        edges, members = self.sample_edges(state.active, t, ops.n_clients, X.device, state.W)
         i, j = edges[:, 0], edges[:, 1]
         E = i.numel()
         Z = X.new_empty(2 * E + (members.numel() if with_models else 0), X.shape[1])

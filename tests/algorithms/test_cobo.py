@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.testing import assert_close
 
 from raycobo.algorithms import evaluate
 from raycobo.algorithms.cobo import CoBo, CoBoConfig, CoBoState, penalty, update_weights
+from raycobo.config import with_overrides
 from raycobo.data.quadratic import QuadraticProblem
 from raycobo.engine.quadratic import QuadraticOps
 from tests.helpers import build, run_rounds
@@ -609,3 +612,96 @@ def test_a_mostly_zero_pull_is_multiplied_as_a_sparse_matrix(monkeypatch):
     monkeypatch.setattr(cobo, "SPARSE_PULL_SHARE", 0.1)
     assert_close(cobo.penalized_rows(X, X, G, torch.zeros(n, n), 0.1, 5.0), X - 0.1 * G)
     assert calls == [1]
+
+
+def test_recheck_resamples_the_pulled_pairs_dense_and_sparse():
+    """recheck: each pair the pull reads (w_ij >= the threshold, both present) is
+    sampled with probability at least recheck (drawn again where the sampler's p_t is
+    lower); the same pairs from a dense and a sparse W; recheck 1 takes every pulled
+    pair, 0 the sampler's alone."""
+    from raycobo.algorithms.cobo import pulled_pairs
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+
+    n = 12
+    edges = torch.tensor([[0, 1], [0, 5], [2, 3], [4, 6], [1, 6], [7, 9], [8, 11]])
+    scores = torch.tensor([0.9, 0.2, 0.6, -0.5, 0.7, 0.55, 0.1])
+    sparse = update_weights(SparseBoxWeights.initial(n, 0.0), edges, scores, 1.0, "box")
+    dense = sparse.to_dense()
+    want = torch.tensor([[0, 1], [1, 6], [2, 3], [7, 9]])  # w >= 0.5
+    assert torch.equal(pulled_pairs(dense, 0.5), want)
+    assert torch.equal(pulled_pairs(sparse, 0.5), want)
+    positive = torch.tensor([[0, 1], [0, 5], [1, 6], [2, 3], [7, 9], [8, 11]])  # w > 0
+    assert torch.equal(pulled_pairs(dense, 0.0), positive)
+    active = torch.ones(n, dtype=torch.bool)
+    active[6] = False  # a client that left: its pairs are not re-sampled
+    assert torch.equal(pulled_pairs(dense, 0.5, active), want[[0, 2, 3]])
+
+    def sampled(recheck, W, t=3):
+        algo = CoBo(CoBoConfig(recheck=recheck, sampling_c=1.0), rounds=50, seed=0)
+        return algo.sample_edges(None, t, n, W=W)[0]
+
+    plain = CoBo(CoBoConfig(sampling_c=1.0), rounds=50, seed=0).sample_edges(None, 3, n)[0]
+    assert torch.equal(sampled(0.0, dense), plain)
+    every = sampled(1.0, dense)
+    keys = {(int(i), int(j)) for i, j in every}
+    assert keys == {(int(i), int(j)) for i, j in plain} | {(int(i), int(j)) for i, j in want}
+    assert torch.equal(every, torch.tensor(sorted(keys)))  # sorted, distinct, i < j
+    assert torch.equal(sampled(1.0, sparse), every)
+
+    # over many rounds a pulled pair is sampled at the rate asked for in all (the
+    # sampler's p = 1/12 topped up to 0.3); where p is at least the rate, never again
+    want_keys = {tuple(e) for e in want.tolist()}
+    hits = sum(
+        len(want_keys & {tuple(e) for e in sampled(0.3, dense, t).tolist()}) for t in range(200)
+    )
+    assert 0.24 < hits / (200 * len(want)) < 0.36
+    assert torch.equal(sampled(1 / 12, dense), plain)
+    with pytest.raises(Exception, match="algorithm.recheck"):  # W^0 = 1 pulls all n^2 pairs
+        pulled_pairs(SparseBoxWeights.initial(n, 1.0), 0.5)
+
+
+def test_recheck_is_a_box_domain_key_and_old_runs_ran_without_it(tmp_path):
+    """rule raycobo re-samples pulled pairs, the paper's rule does not; a simplex W is
+    refused the key; a stored config from before it resumes without re-sampling."""
+    import yaml
+
+    from raycobo.config import ConfigError, load_config, load_stored_config
+
+    # mixed sampling over 10 rounds: p = 2/200 = 0.01 < 0.02 among 200 clients (W is read)
+    assert CoBo(CoBoConfig(), 10, 0).samples_from_w(0, 200)
+    assert not CoBo(CoBoConfig(), 10, 0).samples_from_w(0, 50)  # p = 0.04: W not read
+    # ... until mixed sampling's second half: p = min(0.04, 1 / (t + 1)) = 0.01 at t = 99
+    assert CoBo(CoBoConfig(), 100, 0).samples_from_w(99, 50)
+    assert not CoBo(CoBoConfig(rule="paper"), 10, 0).samples_from_w(0, 200)
+    assert not CoBo(CoBoConfig(domain="simplex"), 10, 0).samples_from_w(0, 200)
+    with pytest.raises(ConfigError, match="algorithm.recheck.*domain"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.recheck=0.1"])
+    pinned = CoBoConfig().pinned().model_dump(mode="json")
+    assert pinned["recheck"] == 0.02
+    del pinned["recheck"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
+    old = CoBo(load_stored_config(tmp_path / "config.yaml").algorithm, 10, 0)
+    assert not old.samples_from_w(0, 200)
+
+
+def test_recheck_takes_back_a_pair_that_one_early_sample_made_a_collaborator(quad_cfg):
+    """Two clusters of two quadratics; W starts with the cross pair (0, 2) at 1, as if a
+    first sample had called it aligned. The sampler alone (p = 0.01 / 4 a pair) does not
+    meet it again in a few rounds and it keeps pulling the clusters together; with
+    recheck it is measured again (its gradients at the midpoint oppose) and falls below
+    the pull's threshold."""
+    from raycobo.algorithms.cobo import PULL_THRESHOLD
+
+    cfg = quad_cfg("data.partition.clients_per_cluster=[2,2]", "data.dim=10")
+
+    def w02(recheck, rounds=10):
+        over = [f"algorithm.recheck={recheck}", "algorithm.sampling=constant"]
+        _, ops, algo = build(with_overrides(cfg, over + ["algorithm.sampling_c=0.01"]))
+        state = algo.init(ops)
+        W = state.W.clone()
+        W[0, 2] = W[2, 0] = 1.0
+        state = run_rounds(algo, ops, rounds, replace(state, W=W))
+        return float(state.W[0, 2])
+
+    assert w02(0.0) == 1.0
+    assert w02(1.0) < PULL_THRESHOLD

@@ -194,7 +194,10 @@ class ResidentRounds:
                 ahead = self.ahead
                 pending = ahead if ahead is not None and ahead.t == t else self._submit(t)
                 self.ahead = None
-                if t + 1 < self.rounds:
+                # round t+1's pairs may read W^{t+1} (CoBo's recheck): then it is
+                # sampled once round t is in
+                present = self.algo.present(self._state())
+                if t + 1 < self.rounds and not self.algo.samples_from_w(t + 1, present):
                     self.ahead = self._submit(t + 1, pending.blocks_after, pending.edges)
                 return self._collect(pending)
             except Exception as err:  # noqa: BLE001 - a lost host, or a task that needed it
@@ -283,7 +286,7 @@ class ResidentRounds:
         pairs, so their hosts count as linked. ``_collect`` waits for the round."""
         ops, n, H = self.ops, self.ops.n_clients, len(self.ops.hosts)
         t0 = time.perf_counter()
-        edges, members = self.algo.sample_edges(self.active, t, n)
+        edges, members = self.algo.sample_edges(self.active, t, n, W=self.W)
         ends = _Endpoints.of(edges, ops.owner, H)
         blocks = self.blocks if blocks is None else blocks
         W_host = self._host_links(edges, pending_edges)  # (H, H): h reads k's models
