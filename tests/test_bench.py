@@ -176,3 +176,37 @@ def test_round_limit_counts_each_phase_and_replays_its_operators():
     assert lim.eval_gflop == pytest.approx(2 * 3 * 4 * 5 / 1e9)
     assert all(v > 0 for v in lim.limit_ms.values()) and lim.eval_limit_ms > 0
     assert "grads" not in ops.__dict__
+
+
+def _dies() -> None:
+    import os
+
+    os._exit(9)  # as the out-of-memory killer leaves a process: no answer, no exception
+
+
+def _fails() -> None:
+    raise ValueError("bad shape")
+
+
+def _sleeps() -> None:
+    import time
+
+    time.sleep(60)
+
+
+def test_a_measurement_whose_process_dies_stops_with_one_line():
+    """bench engine measures in a fresh process: a result comes back, an exception is
+    raised as itself, and a process that dies or hangs ends the wait with a line naming
+    the measurement (a multiprocessing pool waited for ever on a killed worker)."""
+    import multiprocessing as mp
+
+    from raycobo.bench.engine import in_fresh_process
+
+    ctx = mp.get_context("spawn")
+    assert in_fresh_process(divmod, (7, 2), ctx, 60, "x") == (3, 1)
+    with pytest.raises(ValueError, match="bad shape"):
+        in_fresh_process(_fails, (), ctx, 60, "x")
+    with pytest.raises(RuntimeError, match=r"mlp, n=10000.*died \(exit code 9"):
+        in_fresh_process(_dies, (), ctx, 60, "mlp, n=10000")
+    with pytest.raises(RuntimeError, match="took over 2 s"):
+        in_fresh_process(_sleeps, (), ctx, 2, "x")

@@ -114,6 +114,41 @@ def measure(
     return [{**r, "peak_mib": peak} for r in out]
 
 
+def _call_into(conn, fn, args: tuple) -> None:
+    try:
+        conn.send((True, fn(*args)))
+    except BaseException as err:  # noqa: BLE001 - handed to the parent, which raises it
+        conn.send((False, err))
+
+
+def in_fresh_process(fn, args: tuple, ctx, timeout_s: float, what: str):
+    """``fn(*args)`` in a new process; one that dies (the kernel's out-of-memory killer,
+    say) or outlasts ``timeout_s`` stops the benchmark with one line naming ``what``
+    (a pool would wait for ever on a worker that is gone)."""
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_call_into, args=(child, fn, args), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        if not parent.poll(timeout_s):  # true at once where the process ended
+            raise RuntimeError(f"the measurement of {what} took over {timeout_s:.0f} s")
+        ok, value = parent.recv()
+    except EOFError:
+        proc.join(5)
+        raise RuntimeError(
+            f"the measurement of {what} died (exit code {proc.exitcode}; out of memory? see "
+            "dmesg): measure fewer clients or a smaller model on this machine"
+        ) from None
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        parent.close()
+    if not ok:
+        raise value
+    return value
+
+
 def bench_engine(
     models: list[str],
     clients: list[int],
@@ -136,9 +171,10 @@ def bench_engine(
     ctx = mp.get_context("spawn")
 
     def fresh(model, n, engine, strategy):
-        with ctx.Pool(1) as pool:
-            args = (model, n, engine, list(algorithms), rounds, batch_size, threads, device)
-            return pool.apply_async(measure, (*args, strategy)).get(timeout=timeout_s)
+        args = (model, n, engine, list(algorithms), rounds, batch_size, threads, device)
+        return in_fresh_process(
+            measure, (*args, strategy), ctx, timeout_s, f"{model}, n={n}, {engine}"
+        )
 
     for model in models:
         for n in clients:
