@@ -65,7 +65,8 @@ def test_the_report_reads_the_matrix(rows, tmp_path):
 
 def test_the_scaling_table_reads_n_from_the_cells(tmp_path):
     """The cross-device cells by client count: n from the partition, seconds per round
-    from the run's wall time over the cell's rounds, and the plot against n."""
+    from the run's wall time over the cell's rounds (CPU rows only), where each ran,
+    and the plot against n."""
     cells = {c["id"]: c for c in regimes.load_cells()}
     assert report.clients(cells["fmnist-160"]) == 160 and report.clients(cells["quad-2x2"]) == 4
     rows = [
@@ -74,7 +75,36 @@ def test_the_scaling_table_reads_n_from_the_cells(tmp_path):
          "w_within": 0.7, "w_across": 0.01}
         for e, a in (("local", 0.5), ("oracle", 0.7), ("cobo", 0.68))
     ]  # fmt: skip
-    text = report.scaling(report.summarize(rows))
-    want = "| 160 | fmnist-160 | 3000 | 50.0 | 70.0 | 68.0 | 90 % | 0.70 / 0.010 | 0.99 | 0.100 |"
-    assert want in text
+    gpu = [
+        dict(r, cell="fmnist-800-r5000", device="cuda", seconds=100.0) for r in rows
+    ]  # a GPU call's rows: several runs shared the GPU, so their wall time is no timing
+    text = report.scaling(report.summarize(rows + gpu))
+    same = "| 50.0 | 70.0 | 68.0 | 90 % | 0.70 / 0.010 | 0.99 |"
+    assert f"| 160 | fmnist-160 | 3000 {same} 0.100 | cpu |" in text
+    assert f"| 800 | fmnist-800-r5000 | 5000 {same} - | cuda |" in text
     assert report.plot_scaling(report.summarize(rows), ["cobo"], tmp_path / "s.png").stat().st_size
+
+
+def test_gpu_cells_and_devices_are_chosen_explicitly():
+    """Cells marked ``gpu`` run only when named or on a GPU; ``--device`` and
+    ``--data-root`` reach the runs' configs (not the generated data sets' roots)."""
+    cells = {c["id"]: c for c in regimes.load_cells()}
+    gpu = {i for i, c in cells.items() if c.get("gpu")}
+    assert {"fmnist-800-r5000", "fmnist-1600-r2000"} <= gpu
+    listed = regimes.load_cells()
+    on_cpu = {c["id"] for c in regimes.select_cells(listed, "", False, "cpu")}
+    assert not on_cpu & gpu and "fmnist-800-r1000" in on_cpu
+    assert gpu <= {c["id"] for c in regimes.select_cells(listed, "", False, "cuda")}
+    named = regimes.select_cells(listed, "fmnist-800-r5000,quad-2x2", False, "cpu")
+    assert [c["id"] for c in named] == ["quad-2x2", "fmnist-800-r5000"]  # the file's order
+    with pytest.raises(KeyError, match="nope"):
+        regimes.select_cells(listed, "quad-2x2,nope", False, "cpu")
+    assert report.clients(cells["fmnist-1600-r2000"]) == 1600
+    cfg = regimes.cell_config(cells["fmnist-800-r5000"], "test", 1, "cuda", "/data/fm")
+    assert (cfg["rounds"], cfg["seed"], cfg["engine"]["device"]) == (5000, 1, "cuda")
+    assert cfg["data"]["root"] == "/data/fm"
+    quad = regimes.cell_config(cells["quad-2x2"], "test", 0, "cpu", "/data/fm")
+    assert "root" not in quad["data"] and "engine" not in quad
+    job = regimes.plan_jobs([cells["quad-2x2"]], {"cobo": ("cobo", {})}, [0], "test", set(),
+                            device="cuda", data_root="/d")[0]  # fmt: skip
+    assert (job["device"], job["data_root"]) == ("cuda", "/d")

@@ -44,6 +44,10 @@ def _mean(xs):
     return statistics.fmean(xs) if xs else None
 
 
+def _on_cpu(row: dict) -> bool:
+    return row.get("device", "cpu") == "cpu"
+
+
 def summarize(rows: list[dict]) -> dict:
     """-> {cell: {entry: {score, gap, diverged, n, w_within, w_across, mass_inside,
     mass_pulled}}}"""
@@ -71,7 +75,10 @@ def summarize(rows: list[dict]) -> dict:
                 "w_across": _mean([r.get("w_across") for r in rs]),
                 "mass_inside": _mean([r.get("mass_inside") for r in rs]),
                 "mass_pulled": _mean([r.get("mass_pulled_inside") for r in rs]),
-                "seconds": _mean([r.get("seconds") for r in rs]),
+                # wall time on one CPU thread; rows from a GPU call (several runs at
+                # once on one GPU) are not timings of the cell and are left out
+                "seconds": _mean([r.get("seconds") for r in rs if _on_cpu(r)]),
+                "devices": sorted({r.get("device", "cpu") for r in rs}),
                 "metric": key,
             }
     return table
@@ -195,9 +202,9 @@ def scaling(table: dict, entry: str = "cobo", min_clients: int = 80) -> str:
     (wall time over rounds, evaluations included, one torch thread)."""
     head = (
         "| n | cell | rounds | Local | Oracle | CoBo | gap closed | W within / across | "
-        "pulled mass inside | s / round |"
+        "pulled mass inside | s / round (1 CPU thread) | run on |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     cells = [(clients(c), c) for c in load_cells() if c["id"] in table]
     for n, c in sorted((x for x in cells if x[0] and x[0] >= min_clients), key=lambda x: x[0]):
         t, v = table[c["id"]], table[c["id"]].get(entry)
@@ -210,7 +217,7 @@ def scaling(table: dict, entry: str = "cobo", min_clients: int = 80) -> str:
         lines.append(
             f"| {n} | {c['id']} | {c['config']['rounds']} | {fmt_score(t.get('local'))} | "
             f"{fmt_score(t.get('oracle'))} | {fmt_score(v)} | {gap} | {w} | "
-            f"{'-' if mass is None else f'{mass:.2f}'} | {sec} |"
+            f"{'-' if mass is None else f'{mass:.2f}'} | {sec} | {', '.join(v['devices'])} |"
         )
     return "\n".join(lines)
 
@@ -238,13 +245,15 @@ def plot_scaling(table: dict, entries: list[str], path: Path, min_clients: int =
             continue
         ns = [n for n, _, _ in pts]
         gap_ax.plot(ns, [100 * v["gap"] for _, v, _ in pts], "o-", label=e)
-        secs = [v["seconds"] / c["config"]["rounds"] for _, v, c in pts]
-        sec_ax.plot(ns, secs, "o-", label=e)
+        timed = [(n, v["seconds"] / c["config"]["rounds"]) for n, v, c in pts if v["seconds"]]
+        sec_ax.plot([n for n, _ in timed], [s for _, s in timed], "o-", label=e)
     gap_ax.axhline(75, color="grey", lw=0.8, ls="--")
     gap_ax.set(xscale="log", xlabel="clients n", ylabel="Local -> Oracle gap closed (%)")
     sec_ax.set(xscale="log", yscale="log", xlabel="clients n", ylabel="seconds per round")
     gap_ax.legend(fontsize=8)
-    fig.suptitle("CoBo against n (cross-device cells, 3,000 rounds; one torch thread)")
+    fig.suptitle(
+        "CoBo against n (cross-device cells, each n's longest run; s/round: one CPU thread)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -297,8 +306,9 @@ def main() -> int:
     lines += [
         "",
         "**CoBo's defaults against n** (the cross-device cells; seconds per round are each "
-        "run's wall time over its rounds, evaluations included, one torch thread, two runs "
-        "sharing the 2 cores: a measure of cost, not a benchmark):",
+        "CPU run's wall time over its rounds, evaluations included, one torch thread, two "
+        "runs sharing the 2 cores: a measure of cost, not a benchmark; rows run on the GPU "
+        "machine, several at once, show none; the plot: each n's longest run):",
         "",
         scaling(table),
         "",

@@ -29,6 +29,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 VALIDATION = 0.2  # share of each client's training data held out with --split validation
+FILELESS = ("quadratic", "digits", "mnist1d")  # generated or shipped: no data.root
 
 
 def load_cells() -> list[dict]:
@@ -42,10 +43,17 @@ def load_candidates() -> dict[str, dict]:
     return yaml.safe_load(path.read_text()).get("candidates") or {}
 
 
-def cell_config(cell: dict, split: str, seed: int) -> dict:
-    """The cell's config as a mapping, for ``split`` and ``seed``, tracking off."""
+def cell_config(
+    cell: dict, split: str, seed: int, device: str = "cpu", data_root: str | None = None
+) -> dict:
+    """The cell's config as a mapping, for ``split`` and ``seed``, tracking off, on
+    ``device`` (``engine.device``), its data files under ``data_root`` (``data.root``)."""
     cfg = json.loads(json.dumps(cell["config"]))  # deep copy of plain YAML data
     cfg["seed"] = seed
+    if device != "cpu":
+        cfg.setdefault("engine", {})["device"] = device
+    if data_root and cfg["data"]["name"] not in FILELESS:
+        cfg["data"]["root"] = data_root
     cfg["tracking"] = {"enabled": False}
     cfg["checkpoint"] = {"every": 0}
     if split == "validation" and cfg["data"]["name"] != "quadratic":
@@ -105,7 +113,9 @@ def run_one(job: dict) -> dict:
 
     from raycobo import api
 
-    cfg = cell_config(job["cell"], job["split"], job["seed"])
+    cfg = cell_config(
+        job["cell"], job["split"], job["seed"], job.get("device", "cpu"), job.get("data_root")
+    )
     over = {"algorithm__name": job["method"]}
     over.update({f"algorithm__{k}": v for k, v in job["overrides"].items()})
     t0 = time.perf_counter()
@@ -132,6 +142,7 @@ def run_one(job: dict) -> dict:
         "diverged": diverged,
         "error": summary.get("error"),
         "seconds": round(time.perf_counter() - t0, 1),
+        "device": job.get("device", "cpu"),
         **w_shares(summary, threshold),
     }
 
@@ -144,7 +155,10 @@ def _worker(job: dict, threads: int) -> dict:
     return run_one(job)
 
 
-def plan_jobs(cells, entries: dict[str, tuple[str, dict]], seeds, split, done) -> list[dict]:
+def plan_jobs(
+    cells, entries: dict[str, tuple[str, dict]], seeds, split, done, **where
+) -> list[dict]:
+    """The runs not yet in ``done``, longest cells first; ``where``: device, data_root."""
     jobs = []
     for cell in sorted(cells, key=lambda c: -c.get("minutes", 1)):
         for entry, (method, overrides) in entries.items():
@@ -159,6 +173,7 @@ def plan_jobs(cells, entries: dict[str, tuple[str, dict]], seeds, split, done) -
                         overrides=overrides,
                         seed=seed,
                         split=split,
+                        **where,
                     )
                 )
     return jobs
@@ -198,6 +213,20 @@ def execute(jobs: list[dict], results: Path, n_jobs: int, threads: int | None = 
             )
 
 
+def select_cells(cells: list[dict], named: str, quick: bool, device: str) -> list[dict]:
+    """The cells named (comma-separated; KeyError for one not there), else the quick
+    ones, else all of them but, on the CPU, those marked ``gpu``."""
+    if named:
+        wanted = named.split(",")
+        unknown = sorted(set(wanted) - {c["id"] for c in cells})
+        if unknown:
+            raise KeyError(unknown[0])
+        return [c for c in cells if c["id"] in wanted]
+    if quick:
+        return [c for c in cells if c.get("quick")]
+    return [c for c in cells if device != "cpu" or not c.get("gpu")]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the cells marked quick, seed 0")
@@ -211,17 +240,16 @@ def main() -> int:
         "--threads", type=int, default=None, help="torch threads per job (default: cores / jobs)"
     )
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "regimes")
+    ap.add_argument(
+        "--device", default="cpu", help="engine.device of every run (cuda: the GPU cells too)"
+    )
+    ap.add_argument("--data-root", default=None, help="data.root of the file data sets")
     args = ap.parse_args()
-    cells = load_cells()
-    if args.cells:
-        wanted = set(args.cells.split(","))
-        unknown = wanted - {c["id"] for c in cells}
-        if unknown:
-            print(f"error: --cells: no cell {sorted(unknown)[0]}", file=sys.stderr)
-            return 2
-        cells = [c for c in cells if c["id"] in wanted]
-    elif args.quick:
-        cells = [c for c in cells if c.get("quick")]
+    try:
+        cells = select_cells(load_cells(), args.cells, args.quick, args.device)
+    except KeyError as err:
+        print(f"error: --cells: no cell {err.args[0]}", file=sys.stderr)
+        return 2
     seeds = (
         [int(s) for s in args.seeds.split(",")]
         if args.seeds
@@ -241,7 +269,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     done = {(r["cell"], r["entry"], r["seed"], r["split"]) for r in read_results(results)}
-    jobs = plan_jobs(cells, entries, seeds, args.split, done)
+    jobs = plan_jobs(
+        cells, entries, seeds, args.split, done, device=args.device, data_root=args.data_root
+    )
     print(f"{len(jobs)} runs ({len(done)} already in {results})", flush=True)
     execute(jobs, results, args.jobs, args.threads)
     return 0
