@@ -1,12 +1,15 @@
-"""CoBo's box-domain W at large n: a constant plus the entries that were ever updated.
+"""CoBo's box-domain W at large n: a constant plus the entries that differ from it.
 
 With the box domain W starts at a constant off the diagonal (W^0: 1 in Algorithm 1, 0
 with rule raycobo's ``initial_weight``) and 1 on it, and Eq. (1) only changes the
 sampled entries, so W = base (1 1^T - I) + diag I + D with D nonzero only on edges
-sampled so far. Storing D as sorted (i < j) keys costs O(edges sampled) memory instead
+sampled so far. Storing D as sorted (i < j) keys costs O(stored entries) memory instead
 of O(n^2), and the model step's W X = base (1^T X) + (diag - base) X + D X costs
 O(n d + nnz d) instead of O(n^2 d). With constant sampling (p = c / n, about c n / 2
-edges a round) a run of T rounds stores at most c n T / 2 entries.
+edges a round) a run of T rounds stores at most c n T / 2 entries; an entry that
+returns to the base is dropped (with W^0 = 0, the pairs measured misaligned), and the
+product skips entries a threshold zeroed, so with rule raycobo's defaults both follow
+the pairs that pull (about a cluster's size per client) rather than every pair sampled.
 """
 
 from __future__ import annotations
@@ -70,9 +73,13 @@ class SparseBoxWeights:
         # keep the last value of every key: sort stably by key, take each run's end
         order = torch.sort(keys, stable=True).indices
         keys, vals = keys[order], vals[order]
-        last = torch.ones_like(keys, dtype=torch.bool)
-        last[:-1] = keys[1:] != keys[:-1]
-        return SparseBoxWeights(self.n, keys[last], vals[last], self.base, self.diag)
+        keep = torch.ones_like(keys, dtype=torch.bool)
+        keep[:-1] = keys[1:] != keys[:-1]
+        # an entry back at W^0 is the same as none stored: dropped, so that what is kept
+        # (and every product's gather) grows with the entries that differ from W^0, not
+        # with every pair ever sampled
+        keep &= vals != self.base
+        return SparseBoxWeights(self.n, keys[keep], vals[keep], self.base, self.diag)
 
     def thresholded(self, threshold: float) -> SparseBoxWeights:
         """A copy with the entries below ``threshold`` set to 0 (stored ones and the
@@ -105,9 +112,14 @@ class SparseBoxWeights:
         return deg.index_add_(0, i, delta).index_add_(0, j, delta)
 
     def matmul(self, X: torch.Tensor) -> torch.Tensor:
-        """W X (n, d) without forming W."""
+        """W X (n, d) without forming W: O(n d + m d), m the stored entries that differ
+        from the base (a threshold's zeros do not count)."""
         i, j = self._pairs()
-        delta = (self.vals - self.base).to(X.dtype)[:, None]
+        delta = self.vals - self.base
+        live = delta != 0
+        if not bool(live.all()):
+            i, j, delta = i[live], j[live], delta[live]
+        delta = delta.to(X.dtype)[:, None]
         if self.base == 0:  # W^0 = 0 (or a threshold above it): the stored entries only
             out = torch.zeros_like(X)
         else:
