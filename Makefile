@@ -73,13 +73,13 @@ fidelity-quick: install data
 fidelity-ablation: install data
 	$(PY) benchmarks/fidelity/run.py --jobs 2 --ablation
 
-# CoBo's regime matrix (benchmarks/regimes): Local, Oracle, CoBo's defaults, the previous
-# defaults and the paper's rule on every cell, 3 seeds on the test split, then its table
-# and plot in FIDELITY.md
-# (about five hours on 2 cores; -quick: the small cells, one seed, a few minutes)
+# CoBo's regime matrix (benchmarks/regimes): Local, Oracle, CoBo's defaults, the two
+# previous defaults and the paper's rule on every CPU cell, 3 seeds on the test split,
+# then its table and plots in FIDELITY.md (about six and a half hours on 2 cores; the
+# GPU cells: benchmarks/regimes/gpu.sh; -quick: the small cells, one seed, minutes)
 regimes: install data
-	$(PY) benchmarks/regimes/run.py --split test --candidates paper,third-matrix
-	$(PY) benchmarks/regimes/report.py --split test --entries cobo,third-matrix,paper \
+	$(PY) benchmarks/regimes/run.py --split test --candidates no-recheck,third-matrix,paper
+	$(PY) benchmarks/regimes/report.py --split test --entries cobo,no-recheck,third-matrix,paper \
 		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png \
 		--scaling-plot benchmarks/regimes/scaling.png
 
