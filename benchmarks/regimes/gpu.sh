@@ -2,9 +2,16 @@
 # The regime matrix's GPU cells (cells.yaml, `gpu: true`) and the 800-client cell's
 # validation split, in one call of the device tool: Local, Oracle and CoBo's defaults on
 # CUDA, several runs at once on one GPU (each a process of one torch thread).
-# Carry the Fashion-MNIST files and pydantic's wheels (e.g. in .dev/), then:
+# Prepare here (git-ignored .dev/, ~32 MB: the whole Fashion-MNIST in its idx files, as
+# the cells draw from all of it, and pydantic's cp312 wheels, which the image lacks):
+#   echo /.dev/ >> .git/info/exclude; mkdir -p .dev/fashion-mnist
+#   cp /usr/share/datasets/fashion-mnist/*.gz .dev/fashion-mnist/
+#   python3 -m pip download -q --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux2014_x86_64 -d .dev "pydantic==2.12.*"
+# then call the device tool with carry [".dev"] and the command:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .dev/*.whl &&
 #   PYTHONPATH=/tmp/site:$PWD OUT=$OUT DATA=.dev/fashion-mnist benchmarks/regimes/gpu.sh
+# (three such calls of 150-210 s each gave the GPU rows of FIDELITY.md on an H200)
 # Results: $OUT/{test,validation}.jsonl (run.py's rows), $OUT/gpu_regimes.log.
 # CANDIDATES: named candidates (candidates.yaml) for the validation split, comma-separated.
 set -u
