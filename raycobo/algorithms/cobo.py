@@ -367,22 +367,6 @@ def update_weight_rows(
     return W
 
 
-def pulled_pairs(
-    W: torch.Tensor | SparseBoxWeights, threshold: float, active: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The pairs (P, 2), i < j, sorted, that Eq. (3)'s pull reads: w_ij >= ``threshold``
-    (w_ij > 0 with none), both clients present (``active``)."""
-    if isinstance(W, SparseBoxWeights):
-        pairs = W.pairs_at_least(threshold)
-    else:
-        pulled = torch.ge(W, threshold) if threshold > 0 else torch.gt(W, 0)
-        pairs = torch.nonzero(torch.triu(pulled, diagonal=1))
-    if active is not None:
-        present = active.to(pairs.device)
-        pairs = pairs[present[pairs[:, 0]] & present[pairs[:, 1]]]
-    return pairs
-
-
 def penalty(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """sum_k w_ik (x_i - x_k) for every i: (diag(W 1) - W) X. X: (n, d), W: (n, n)."""
     return W.sum(dim=1, keepdim=True) * X - W @ X
@@ -408,6 +392,29 @@ def pull_weights(W: torch.Tensor, pull: str, threshold: float = 0.0) -> torch.Te
     if pull == "mean" and not isinstance(W, SparseBoxWeights):
         return mean_rows(W)
     return W
+
+
+def pulled_pairs(
+    W: torch.Tensor | SparseBoxWeights, threshold: float, active: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The pairs (P, 2), i < j, sorted, that Eq. (3)'s pull reads (the nonzero entries of
+    ``pull_weights``: w_ij >= ``threshold``, > 0 with none), both clients present
+    (``active``)."""
+    read = pull_weights(W, "sum", threshold)
+    if not isinstance(read, SparseBoxWeights):
+        pairs = torch.nonzero(torch.triu(read, diagonal=1))
+    elif read.base == 0:
+        pairs = read.nonzero_pairs()
+    else:  # every pair never sampled is pulled too
+        raise ConfigError(
+            f"invalid config key 'algorithm.recheck': with a sparse W every pair at W^0 "
+            f"({read.base:g}) is pulled, so all n^2 / 2 would be re-sampled; set "
+            "algorithm.initial_weight below algorithm.pull_threshold, or recheck: 0"
+        )
+    if active is not None:
+        present = active.to(pairs.device)
+        pairs = pairs[present[pairs[:, 0]] & present[pairs[:, 1]]]
+    return pairs
 
 
 def penalized_step(
@@ -610,7 +617,7 @@ class CoBo:
         members = torch.arange(n_clients, device=device) if ids is None else ids.to(device)
         if ids is not None:
             edges = members[edges]  # global ids, still i < j
-        if W is not None and self.samples_from_w(t, n):
+        if W is not None:
             edges = self.with_rechecks(edges, W, active, t, self.recheck_rate(t, n))
         return edges, members
 
@@ -618,7 +625,9 @@ class CoBo:
         """The probability that a pulled pair is drawn again in round t besides the
         sampler's own draw (p_t among n present clients): (recheck - p_t) / (1 - p_t),
         so that it is sampled with probability ``recheck`` in all; 0 where p_t is
-        already at least that."""
+        already at least that, and without recheck (or off the box domain)."""
+        if self.cfg.domain != "box" or not self.cfg.recheck:
+            return 0.0
         p = self.sampler(n).probability(t)
         return max(0.0, (self.cfg.recheck - p) / (1.0 - p)) if p < 1 else 0.0
 
@@ -626,7 +635,7 @@ class CoBo:
         """Whether round t's pairs among n present clients depend on W^t (``recheck``
         above the sampler's own rate): an engine must then sample round t only once
         round t - 1's W is known."""
-        return self.cfg.domain == "box" and bool(self.cfg.recheck) and self.recheck_rate(t, n) > 0
+        return self.recheck_rate(t, n) > 0
 
     def with_rechecks(
         self, edges: torch.Tensor, W, active: torch.Tensor | None, t: int, rate: float

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from raycobo.algorithms.base import mass_inside
-from raycobo.settings import ConfigError
 
 
 @dataclass
@@ -88,19 +87,10 @@ class SparseBoxWeights:
         base = self.base if self.base >= threshold else 0.0
         return SparseBoxWeights(self.n, self.keys, vals, base, self.w_ii)
 
-    def pairs_at_least(self, cut: float) -> torch.Tensor:
-        """The pairs (P, 2), i < j, sorted, with w_ij >= ``cut`` (> 0 where ``cut`` is 0):
-        stored entries only, so the base must be below it (every unstored pair would be
-        one: O(n^2) pairs)."""
-        base_pulled = self.base >= cut if cut > 0 else self.base > 0
-        if base_pulled:
-            raise ConfigError(
-                f"invalid config key 'algorithm.recheck': with a sparse W every pair at W^0 "
-                f"({self.base:g}) is pulled, so all n^2 / 2 would be re-sampled; set "
-                "algorithm.initial_weight below algorithm.pull_threshold, or recheck: 0"
-            )
-        keep = self.vals >= cut if cut > 0 else self.vals > 0
-        keys = self.keys[keep]
+    def nonzero_pairs(self) -> torch.Tensor:
+        """The stored pairs (P, 2), i < j, sorted, whose w_ij is not 0 (with a base of 0:
+        every nonzero off-diagonal entry)."""
+        keys = self.keys[self.vals != 0]
         return torch.stack([keys // self.n, keys % self.n], dim=1)
 
     def degree(self) -> torch.Tensor:
