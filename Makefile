@@ -83,7 +83,10 @@ regimes: install data
 		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png \
 		--scaling-plot benchmarks/regimes/scaling.png
 
+# starts afresh: the rows of a finished run are kept by (cell, entry, seed), not by the
+# defaults they ran with, so an earlier quick run's would stand for the current defaults
 regimes-quick: install
+	rm -rf runs/regimes-quick
 	$(PY) benchmarks/regimes/run.py --quick --split test --candidates paper --out runs/regimes-quick
 	$(PY) benchmarks/regimes/report.py --split test --entries cobo,paper --out runs/regimes-quick
 
