@@ -52,8 +52,9 @@ def summarize(rows: list[dict]) -> dict:
     """-> {cell: {entry: {score, gap, diverged, n, w_within, w_across, mass_inside,
     mass_pulled}}}"""
     metric = {c["id"]: c.get("metric", "accuracy") for c in load_cells()}
+    last = {(r["cell"], r["entry"], r["seed"]): r for r in rows}  # a run done again: its last
     by = defaultdict(lambda: defaultdict(list))
-    for r in rows:
+    for r in last.values():
         by[r["cell"]][r["entry"]].append(r)
     table = {}
     for cell, entries in by.items():

@@ -4,8 +4,11 @@ every cell of ``cells.yaml``, over seeds, on the cells' validation or test data.
 Usage: python benchmarks/regimes/run.py [--quick] [--cells ID,...] [--seeds 0,1,2]
        [--split test|validation] [--candidates NAME,...] [--jobs N] [--threads N] [--out DIR]
 
-Results go to ``OUT/<split>/results.jsonl``, one line per run; a second call skips the
-runs already there (so an interrupted matrix resumes). ``report.py`` turns them into
+Results go to ``OUT/<split>/results.jsonl``, one line per run, with the method settings
+it ran (``settings``: the run's pinned ``algorithm`` section); a second call skips the
+runs already there with the same settings (so an interrupted matrix resumes) and runs
+again those whose entry's settings changed since (a new default), the report reading
+the last row of each run. ``report.py`` turns them into
 the table and plot of REGIMES.md. ``--split validation`` holds out 20 % of every
 client's training data and scores on it: that is where defaults are chosen; the test
 split is where they are reported. Candidates (``candidates.yaml``) are named sets of
@@ -98,13 +101,22 @@ def _share_inside(W, off, inside) -> float | None:
     return float(np.nanmean(share)) if np.isfinite(share).any() else None
 
 
-def pull_threshold(run_dir: Path) -> float:
-    """The pull threshold a CoBo run ran with (its pinned config; 0 without one)."""
+def ran_settings(run_dir: Path) -> dict | None:
+    """The method settings a run ran with (its pinned config's ``algorithm``; None
+    where it wrote none)."""
     path = run_dir / "config.yaml"
     if not path.is_file():
-        return 0.0
-    algo = (yaml.safe_load(path.read_text()) or {}).get("algorithm") or {}
-    return float(algo.get("pull_threshold") or 0.0)
+        return None
+    return (yaml.safe_load(path.read_text()) or {}).get("algorithm") or None
+
+
+def entry_settings(method: str, overrides: dict) -> dict:
+    """The settings an entry runs with now, as a run pins them (the defaults' values
+    written out): what a finished row must match to count as this entry's."""
+    from raycobo.config import validate
+
+    algorithm = {"name": method, **overrides}
+    return validate({"algorithm": algorithm}).pinned().to_dict()["algorithm"]
 
 
 def run_one(job: dict) -> dict:
@@ -119,7 +131,6 @@ def run_one(job: dict) -> dict:
     over = {"algorithm__name": job["method"]}
     over.update({f"algorithm__{k}": v for k, v in job["overrides"].items()})
     t0 = time.perf_counter()
-    threshold = 0.0
     with tempfile.TemporaryDirectory(prefix="regime-") as out:
         try:
             api.run(cfg, out=Path(out) / "run", track=False, **over)
@@ -127,7 +138,7 @@ def run_one(job: dict) -> dict:
             summary = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
         else:
             summary = json.loads((Path(out) / "run" / "summary.json").read_text())
-        threshold = pull_threshold(Path(out) / "run")
+        settings = ran_settings(Path(out) / "run")
     loss, acc = summary.get("mean_loss"), summary.get("mean_accuracy")
     diverged = summary.get("status") != "completed" or loss is None or not math.isfinite(loss)
     return {
@@ -143,7 +154,8 @@ def run_one(job: dict) -> dict:
         "error": summary.get("error"),
         "seconds": round(time.perf_counter() - t0, 1),
         "device": job.get("device", "cpu"),
-        **w_shares(summary, threshold),
+        "settings": settings,
+        **w_shares(summary, float((settings or {}).get("pull_threshold") or 0.0)),
     }
 
 
@@ -158,12 +170,16 @@ def _worker(job: dict, threads: int) -> dict:
 def plan_jobs(
     cells, entries: dict[str, tuple[str, dict]], seeds, split, done, **where
 ) -> list[dict]:
-    """The runs not yet in ``done``, longest cells first; ``where``: device, data_root."""
+    """The runs not yet in ``done`` ((cell, entry, seed, split) -> the settings the row
+    ran, None for a row written before rows recorded them) with the entry's settings of
+    now, longest cells first; ``where``: device, data_root."""
     jobs = []
+    now = {entry: entry_settings(method, over) for entry, (method, over) in entries.items()}
     for cell in sorted(cells, key=lambda c: -c.get("minutes", 1)):
         for entry, (method, overrides) in entries.items():
             for seed in seeds:
-                if (cell["id"], entry, seed, split) in done:
+                key = (cell["id"], entry, seed, split)
+                if key in done and done[key] in (None, now[entry]):
                     continue
                 jobs.append(
                     dict(
@@ -268,11 +284,20 @@ def main() -> int:
     out = args.out / args.split
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
-    done = {(r["cell"], r["entry"], r["seed"], r["split"]) for r in read_results(results)}
+    done = {
+        (r["cell"], r["entry"], r["seed"], r["split"]): r.get("settings")
+        for r in read_results(results)  # the last row of a run counts
+    }
     jobs = plan_jobs(
         cells, entries, seeds, args.split, done, device=args.device, data_root=args.data_root
     )
-    print(f"{len(jobs)} runs ({len(done)} already in {results})", flush=True)
+    again = sum((j["cell"]["id"], j["entry"], j["seed"], j["split"]) in done for j in jobs)
+    print(
+        f"{len(jobs)} runs ({len(done)} already in {results}"
+        + (f"; {again} again: their entry's settings changed" if again else "")
+        + ")",
+        flush=True,
+    )
     execute(jobs, results, args.jobs, args.threads)
     return 0
 
