@@ -488,12 +488,14 @@ RAYCOBO_BEFORE_PINNING = {
 # CoBo keys added after runs were pinned: a stored config without the key ran this value
 # where the key applies (the box domain's pull threshold and W^0, 2026-11-27: none and 1
 # before; the mean pull's strength with rho auto: 0.2 before it was a key; the box
-# domain's re-sampling of pulled pairs: none before)
+# domain's re-sampling of pulled pairs: none before; the pull on the current models,
+# Eq. (3) as printed, before it acted on the stepped models by default)
 COBO_ADDED_LATER = {
     "pull_threshold": 0.0,
     "initial_weight": 1.0,
     "pull_strength": 0.2,
     "recheck": 0.0,
+    "pull_at": "current",
 }
 
 

@@ -65,6 +65,7 @@ RULES: dict[str, dict[str, object]] = {
         "gamma": 3.0,
         "gamma_decay": "sqrt",
         "pull": "mean",
+        "pull_at": "stepped",
         "pull_strength": 0.5,
         "mixed_switch": 0.5,
         "cosine_floor": 0.3,
@@ -77,6 +78,7 @@ RULES: dict[str, dict[str, object]] = {
         "gamma": 0.01,
         "gamma_decay": "none",
         "pull": "sum",
+        "pull_at": "current",
         "pull_strength": 0.2,
         "mixed_switch": 0.5,
         "cosine_floor": 0.3,
@@ -107,7 +109,7 @@ def unmet_condition(key: str, settings: dict, rule: str) -> tuple[str, str, obje
     """The first of ``ONLY_WITH[key]``'s conditions that ``settings`` (CoBo's keys as a
     mapping; a null or missing key takes the rule's value, else the field's default)
     fails, as (field, wanted, value); None where the key applies."""
-    for field, wanted in ONLY_WITH[key].items():
+    for field, wanted in ONLY_WITH.get(key, {}).items():
         have = settings.get(field)
         if have is None:
             have = RULES[rule].get(field, CoBoConfig.model_fields[field].default)
@@ -129,8 +131,8 @@ class CoBoConfig(MethodConfig):
     rule: Literal["raycobo", "paper"] = Field(
         default="raycobo",
         description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
-        "pull_strength, pull_threshold, initial_weight, recheck and mixed_switch: raycobo's "
-        "(chosen on the regime matrix) or Algorithm 1 as printed",
+        "pull_at, pull_strength, pull_threshold, initial_weight, recheck and mixed_switch: "
+        "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
     )
     # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
     # the collaborators' weighted mean per step); pull sum: 0.3, lowered as 0.4 / (lr n)
@@ -157,7 +159,8 @@ class CoBoConfig(MethodConfig):
     gamma_decay: Literal["none", "sqrt", "linear"] | None = Field(
         default=None,
         description="W step schedule: constant gamma (paper), gamma / sqrt(1 + k_t) or "
-        "gamma / (1 + k_t), k_t the samples a pair has had in expectation before round t"
+        "gamma / (1 + k_t), k_t the samples a pair has had in expectation before round t "
+        "(a pair the pull reads counts recheck's: the sum of max(p_tau, recheck))"
         + _by_rule("gamma_decay"),
     )
     pull: Literal["sum", "mean"] | None = Field(
@@ -165,6 +168,13 @@ class CoBoConfig(MethodConfig):
         description="Eq. (2)'s penalty: rho sum_j w_ij (x_i - x_j) (paper), or toward the "
         "W-weighted mean of x_i and its collaborators (rows divided by max(1, sum_j w_ij), "
         "w_ii = 1 in the box domain)" + _by_rule("pull"),
+    )
+    pull_at: Literal["current", "stepped"] | None = Field(
+        default=None,
+        description="where Eq. (3)'s pull acts: on the current models x^t, beside the "
+        "gradient step (paper), or on the stepped models x^t - lr g (adapt then combine, "
+        "as diffusion methods order it: the pull also averages the step's gradient noise)"
+        + _by_rule("pull_at"),
     )
     sampling: Sampling = Field(default="mixed", description="edge sampling strategy")
     domain: Domain = Field(default="box", description="W's domain: box [0,1] or simplex rows")
@@ -317,8 +327,26 @@ def initial_weights(
     return W
 
 
+@dataclass(frozen=True)
+class WStep:
+    """Eq. (1)'s step size in one round: ``gamma``, and ``pulled`` for the pairs the pull
+    reads (w_ij >= ``cut``; > 0 with no cut), which ``recheck`` samples more often than
+    the sampler does (``CoBo.w_step``); None: ``gamma`` for every pair."""
+
+    gamma: float
+    pulled: float | None = None
+    cut: float = 0.0
+
+    def of(self, current: torch.Tensor) -> torch.Tensor | float:
+        """The step of each sampled pair, from its weight before the step."""
+        if self.pulled is None:
+            return self.gamma
+        read = current.ge(self.cut) if self.cut > 0 else current.gt(0)
+        return torch.where(read, current.new_tensor(self.pulled), current.new_tensor(self.gamma))
+
+
 def update_weights(
-    W: torch.Tensor, edges: torch.Tensor, scores: torch.Tensor, gamma: float, domain: str
+    W: torch.Tensor, edges: torch.Tensor, scores: torch.Tensor, gamma: float | WStep, domain: str
 ) -> torch.Tensor:
     """Projected gradient ascent step on the sampled entries (Eq. 1).
 
@@ -327,7 +355,9 @@ def update_weights(
         return W
     if isinstance(W, SparseBoxWeights):
         i, j = edges[:, 0], edges[:, 1]
-        return W.update(i, j, project_box(W.get(i, j) + gamma * scores.to(W.vals.dtype)))
+        current = W.get(i, j)
+        step = _w_step(gamma).of(current)
+        return W.update(i, j, project_box(current + step * scores.to(W.vals.dtype)))
     rows = torch.arange(W.shape[0], device=W.device)
     return update_weight_rows(W, rows, edges, scores, gamma, domain)
 
@@ -337,27 +367,29 @@ def update_weight_rows(
     row_ids: torch.Tensor,
     edges: torch.Tensor,
     scores: torch.Tensor,
-    gamma: float,
+    gamma: float | WStep,
     domain: str,
 ) -> torch.Tensor:
     """Eq. (1) on some rows of W: ``W_rows`` (r, n) are the rows ``row_ids`` (r,), as a
     host holding those clients keeps them. Every row gets the numbers that updating the
     whole W would give it (``update_weights`` is this with all rows). Edges that touch
     none of the rows are ignored."""
+    gamma = _w_step(gamma)
     n = W_rows.shape[1]
     pos = torch.full((n,), -1, dtype=torch.int64, device=W_rows.device)
     pos[row_ids] = torch.arange(row_ids.numel(), device=W_rows.device)
     i, j = edges[:, 0].to(W_rows.device), edges[:, 1].to(W_rows.device)
     pi, pj = pos[i], pos[j]
     a, b = pi >= 0, pj >= 0  # the edge's row w_i. / w_j. is held here
-    step = gamma * scores.to(W_rows.device, W_rows.dtype)  # (E,)
+    scores = scores.to(W_rows.device, W_rows.dtype)  # (E,)
     W = W_rows.clone()
     if domain == "box":  # W stays symmetric: w_ij = w_ji, updated together
         current = torch.where(a, W[pi.clamp_min(0), j], W[pj.clamp_min(0), i])
-        w = project_box(current + step)
+        w = project_box(current + gamma.of(current) * scores)
         W[pi[a], j[a]] = w[a]
         W[pj[b], i[b]] = w[b]
         return W
+    step = gamma.gamma * scores  # the simplex domain has no pulled-pair step
     W[pi[a], j[a]] += step[a]
     W[pj[b], i[b]] += step[b]
     touched = torch.unique(torch.cat([pi[a], pj[b]]))
@@ -365,6 +397,10 @@ def update_weight_rows(
     mask[torch.arange(touched.numel(), device=W.device), row_ids[touched]] = False  # w_ii
     W[touched] = project_simplex(W[touched], mask)
     return W
+
+
+def _w_step(gamma: float | WStep) -> WStep:
+    return gamma if isinstance(gamma, WStep) else WStep(float(gamma))
 
 
 def penalty(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -417,6 +453,11 @@ def pulled_pairs(
     return pairs
 
 
+def stepped_models(X: torch.Tensor, G: torch.Tensor, lr: float) -> torch.Tensor:
+    """y = x - lr g: the models the pull acts on with ``pull_at: stepped``."""
+    return torch.add(X, G, alpha=-lr)
+
+
 def penalized_step(
     X: torch.Tensor,
     G: torch.Tensor,
@@ -425,36 +466,42 @@ def penalized_step(
     rho: float,
     pull: str = "sum",
     threshold: float = 0.0,
+    at: str = "current",
 ) -> torch.Tensor:
     """Eq. (3) in three passes over (n, d):
     X - lr (G + rho (diag(W 1) - W) X) = (1 - lr rho deg) X + lr rho W X - lr G.
     ``pull='mean'``: the same with W's rows divided by max(1, their sum); ``threshold``:
-    W's entries below it count as 0 (``pull_weights``)."""
+    W's entries below it count as 0 (``pull_weights``); ``at='stepped'``: the pull acts
+    on Y = X - lr G instead of X (adapt then combine): (1 - lr rho deg) Y + lr rho W Y."""
     W = pull_weights(W, pull, threshold)
+    if at == "stepped":
+        X, G = stepped_models(X, G, lr), None
     if isinstance(W, SparseBoxWeights):
         deg = W.degree()[:, None].to(X.dtype)
         scale = 1.0 / deg.clamp_min(1.0) if pull == "mean" else torch.ones_like(deg)
         keep = 1.0 - lr * rho * deg * scale
-        return (X * keep).add_(W.matmul(X) * scale, alpha=lr * rho).add_(G, alpha=-lr)
+        out = (X * keep).add_(W.matmul(X) * scale, alpha=lr * rho)
+        return out if G is None else out.add_(G, alpha=-lr)
     return penalized_rows(X, X, G, W, lr, rho)
 
 
 def penalized_rows(
     X_rows: torch.Tensor,
     X_all: torch.Tensor,
-    G: torch.Tensor,
+    G: torch.Tensor | None,
     W_rows: torch.Tensor,
     lr: float,
     rho: float,
 ) -> torch.Tensor:
     """Eq. (3) for some clients: X_rows (m, d) with their W rows (m, n) over all models
-    X_all (n, d) -- what a host holding those clients computes."""
+    X_all (n, d) -- what a host holding those clients computes (G None: the pull alone,
+    of models already stepped)."""
     return penalized_rows_blocks(X_rows, G, W_rows, [(slice(None), X_all)], lr, rho)
 
 
 def penalized_rows_blocks(
     X_rows: torch.Tensor,
-    G: torch.Tensor,
+    G: torch.Tensor | None,
     W_rows: torch.Tensor,
     blocks: list[tuple[torch.Tensor | slice, torch.Tensor]],
     lr: float,
@@ -463,12 +510,12 @@ def penalized_rows_blocks(
     """Eq. (3) for some clients when the other models come in blocks (cols, X_block):
     x_i (1 - lr rho sum_k w_ik) + lr rho sum_k w_ik x_k - lr g_i, the sum over the
     blocks' columns only (a resident host reads just the hosts its clients weigh; the
-    columns left out must have w_ik = 0 there)."""
+    columns left out must have w_ik = 0 there; G None: no gradient term)."""
     keep = 1.0 - lr * rho * W_rows.sum(dim=1, keepdim=True)  # (m, 1)
     out = X_rows * keep
     for cols, Xb in blocks:
         add_weighted(out, W_rows[:, cols].to(Xb.dtype), Xb, lr * rho)
-    return out.add_(G, alpha=-lr)
+    return out if G is None else out.add_(G, alpha=-lr)
 
 
 # a block of pull weights with at most this share of nonzero entries is multiplied as a
@@ -554,6 +601,21 @@ class CoBo:
             return c.gamma
         k = self.sampler(n).expected_samples(t)
         return c.gamma / (math.sqrt(1.0 + k) if c.gamma_decay == "sqrt" else 1.0 + k)
+
+    def w_step(self, t: int, n: int) -> WStep:
+        """Round t's Eq. (1) step: ``gamma_at``, and where ``recheck`` samples the pairs
+        the pull reads more often than the sampler, their decay counts those samples
+        too (k_t = sum over tau < t of max(p_tau, recheck), as if pulled all along), so
+        that the late re-samples of a cluster's pairs, whose scores are then about 0,
+        move their weights as little as a pair sampled that often should."""
+        c = self.cfg
+        gamma = self.gamma_at(t, n)
+        if c.gamma_decay == "none" or c.domain != "box" or not c.recheck:
+            return WStep(gamma)
+        k = self.sampler(n).expected_samples(t, float(c.recheck))
+        pulled = c.gamma / (math.sqrt(1.0 + k) if c.gamma_decay == "sqrt" else 1.0 + k)
+        # where the sampler's rate was never below recheck, the same step
+        return WStep(gamma) if pulled >= gamma else WStep(gamma, pulled, self.threshold())
 
     def sampler(self, n: int) -> EdgeSampler:
         return EdgeSampler.for_cobo(self.cfg, n, self.rounds, self.seed)
@@ -688,12 +750,13 @@ class CoBo:
         if E == 0:
             return state
         scores = alignment_scores(G_align[:E], G_align[E:], self.cfg.alignment, self.floor(state))
-        gamma = self.gamma_at(t, self.present(state))
-        W = update_weights(state.W, edges, scores, gamma, self.cfg.domain)
+        step = self.w_step(t, self.present(state))
+        W = update_weights(state.W, edges, scores, step, self.cfg.domain)
         return replace(state, W=W)
 
     def step(self, state: CoBoState, members: torch.Tensor, G: torch.Tensor) -> CoBoState:
-        """Eq. (3) for the present clients, with the current W and x^t. With
+        """Eq. (3) for the present clients, with the current W and x^t (``pull_at``
+        stepped: the pull acts on x^t - lr g, after the gradient step). With
         ``momentum`` beta > 0 (the authors' code) the gradient is replaced by its running
         average m <- beta m + (1 - beta) g (m = g at the first step); the penalty is not
         averaged."""
@@ -710,11 +773,11 @@ class CoBo:
             G = M[members]
         cut = self.threshold()
         if state.active is None:
-            X = penalized_step(X, G, W, c.lr, rho, c.pull, cut)
+            X = penalized_step(X, G, W, c.lr, rho, c.pull, cut, c.pull_at)
         else:  # only the present clients step, pulled only toward each other
             X = X.clone()
             sub = W[members][:, members]
-            X[members] = penalized_step(X[members], G, sub, c.lr, rho, c.pull, cut)
+            X[members] = penalized_step(X[members], G, sub, c.lr, rho, c.pull, cut, c.pull_at)
         return replace(state, X=X, W=W, M=M)
 
     def threshold(self) -> float:

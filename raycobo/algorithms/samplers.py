@@ -122,12 +122,12 @@ class EdgeSampler:
     def probability(self, t: int) -> float:
         return SAMPLINGS[self.kind](self, t)
 
-    def expected_samples(self, t: int) -> float:
+    def expected_samples(self, t: int, floor: float = 0.0) -> float:
         """How often a pair has been sampled before round t, in expectation: the sum of
-        p_tau over tau < t."""
+        p_tau over tau < t (of max(p_tau, ``floor``): a pair also drawn at that rate)."""
         if t <= 0:
             return 0.0
-        return _cumulative(self, t)
+        return _cumulative(self, t, floor)
 
     def sample(self, t: int) -> torch.Tensor:
         """Edges (E, 2) with i < j for round t."""
@@ -163,16 +163,16 @@ def _full(s: EdgeSampler, t: int) -> float:
 
 
 @functools.lru_cache(maxsize=64)
-def _probabilities(sampler: EdgeSampler, upto: int) -> list[float]:
+def _probabilities(sampler: EdgeSampler, upto: int, floor: float) -> list[float]:
     total, out = 0.0, [0.0]
     for t in range(upto):
-        total += sampler.probability(t)
+        total += max(sampler.probability(t), floor)
         out.append(total)
     return out
 
 
-def _cumulative(sampler: EdgeSampler, t: int) -> float:
-    """sum_{tau < t} p_tau, from a table over max(t, rounds) rounds (cached per sampler,
-    the seed aside: it does not change the probabilities)."""
+def _cumulative(sampler: EdgeSampler, t: int, floor: float = 0.0) -> float:
+    """sum_{tau < t} max(p_tau, floor), from a table over max(t, rounds) rounds (cached
+    per sampler, the seed aside: it does not change the probabilities)."""
     key = dataclasses.replace(sampler, seed=0)
-    return _probabilities(key, max(t, sampler.rounds))[t]
+    return _probabilities(key, max(t, sampler.rounds), floor)[t]

@@ -300,7 +300,8 @@ def test_the_raycobo_rule_by_hand_over_two_rounds():
     <g_i, g_j> / max(||g_i|| ||g_j||, 0.3 S_0) (S_0 the clients' mean squared gradient norm
     at the start), and gamma / sqrt(1 + k_t) (k_t = t: every pair is sampled every round);
     Eq. (3) pulled toward the mean of x_i and its collaborators weighted by W with the
-    entries below the threshold (0.5) cut, with lr * rho = 0.5 (rho auto). The start is
+    entries below the threshold (0.5) cut, with lr * rho = 0.5 (rho auto), the pull
+    acting on the stepped models y = x - lr g (adapt then combine). The start is
     far from the optima for two pairs and near them for the third, so both sides of the
     floor are taken, and one pair's weight stays under the threshold after a round."""
     mus = [[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0]]
@@ -309,7 +310,7 @@ def test_the_raycobo_rule_by_hand_over_two_rounds():
     algo = CoBo(cfg, rounds=10, seed=0)
     c = algo.cfg
     got = (c.alignment, c.cosine_floor, c.gamma, c.gamma_decay, c.pull, c.initial_weight)
-    assert got == ("bounded", 0.3, 3.0, "sqrt", "mean", 0.0)
+    assert got == ("bounded", 0.3, 3.0, "sqrt", "mean", 0.0) and c.pull_at == "stepped"
     assert algo.threshold() == 0.5 and algo.penalty(3) == pytest.approx(5.0)
     mu, a = torch.tensor(mus), torch.tensor([1.0, 2.0, 0.5])
     X = torch.tensor([[4.0, 1.0], [-1.0, 3.0], [-1.2, -0.8]])
@@ -329,11 +330,11 @@ def test_the_raycobo_rule_by_hand_over_two_rounds():
             floored += norms < 0.3 * S0
             score = float(gi @ gj) / max(norms, 0.3 * S0)
             W[i, j] = W[j, i] = min(1.0, max(0.0, float(W[i, j]) + gamma * score))
-        G = a[:, None] * (X - mu)
+        Y = X - 0.1 * a[:, None] * (X - mu)  # the gradient step first
         pulled = torch.where(W >= 0.5, W, torch.zeros(()))
         cut += int(((W > 0) & (W < 0.5)).sum())
-        target = (pulled @ X) / pulled.sum(dim=1, keepdim=True)  # rows of mass >= 1
-        X = X - 0.1 * (G + 5.0 * (X - target))
+        target = (pulled @ Y) / pulled.sum(dim=1, keepdim=True)  # rows of mass >= 1
+        X = Y - 0.1 * 5.0 * (Y - target)
         assert_close(state.W, W)
         assert_close(state.X, X)
     assert 0 < floored < 6  # both branches of the max were taken
@@ -365,6 +366,32 @@ def test_a_run_written_before_the_rule_resumes_with_algorithm_1(tmp_path):
     cfg = load_stored_config(tmp_path / "config.yaml")
     assert cfg.algorithm.rule == "paper"
     assert CoBo(cfg.algorithm, 10, 0).cfg.pull == "sum"
+
+
+@pytest.mark.parametrize("pull", ["mean", "sum"])
+def test_the_stepped_pull_acts_on_the_models_after_their_gradient_step(pull):
+    """pull_at stepped: Eq. (3)'s pull on y = x - lr g instead of x (dense and sparse W
+    alike, thresholded too); pull_at current is Eq. (3) as printed."""
+    from raycobo.algorithms.cobo import penalized_step, pull_weights
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+
+    g = torch.Generator().manual_seed(3)
+    n, d, lr, rho = 6, 4, 0.1, 2.0
+    X, G = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    edges = torch.tensor([[0, 1], [0, 5], [2, 3], [4, 5], [1, 4]])
+    sparse = update_weights(
+        SparseBoxWeights.ones(n), edges, torch.tensor([-0.3, -0.9, -0.1, -0.8, -0.6]), 1.0, "box"
+    )
+    dense = sparse.to_dense()
+    P = pull_weights(dense, pull, 0.3)
+    Y = X - lr * G
+    want = Y - lr * rho * (P.sum(dim=1, keepdim=True) * Y - P @ Y)
+    got = penalized_step(X, G, dense, lr, rho, pull, 0.3, "stepped")
+    assert_close(got, want)
+    assert_close(penalized_step(X, G, sparse, lr, rho, pull, 0.3, "stepped"), want)
+    printed = X - lr * (G + rho * (P.sum(dim=1, keepdim=True) * X - P @ X))
+    assert_close(penalized_step(X, G, dense, lr, rho, pull, 0.3, "current"), printed)
+    assert not torch.allclose(got, printed)
 
 
 def test_the_mean_pull_agrees_between_dense_and_sparse_w():
@@ -433,31 +460,27 @@ def test_the_pull_threshold_is_a_box_domain_key(tmp_path):
 @pytest.mark.parametrize("sizes", [[2, 2], [2, 4, 6, 8, 10]])
 def test_example2_with_the_defaults_beats_local_and_recovers_the_clusters(quad_cfg, sizes):
     """CoBo's Example 2 with every CoBo key at its default (the issue's case: the earlier
-    defaults ended at 0.7 here, Local at 0.003): a lower loss than Local and W the
-    cluster indicator, from clusters of 2 to 10 clients."""
+    defaults ended at 0.7 here, Local at 0.003): a lower loss than Local, at least 75 %
+    of the way from Local's loss to Oracle's (the pull on the current models, Eq. (3) as
+    printed, stops at 71 % on the larger case: its models keep their last step's noise),
+    and W the cluster indicator, from clusters of 2 to 10 clients."""
     from raycobo.algorithms.base import cluster_agreement
 
-    cfg = quad_cfg(
+    keys = (
         f"data.partition.clients_per_cluster=[{','.join(map(str, sizes))}]",
         "data.dim=10",
         "data.noise=0.1",
         "rounds=400",
     )
-    data, ops, algo = build(cfg)
-    state = run_rounds(algo, ops, cfg.rounds)
+    data, ops, algo = build(quad_cfg(*keys))
+    state = run_rounds(algo, ops, 400)
     cobo_loss = float(evaluate(algo, state, ops).loss.mean())
-    local_cfg = quad_cfg(
-        *[
-            f"data.partition.clients_per_cluster=[{','.join(map(str, sizes))}]",
-            "data.dim=10",
-            "data.noise=0.1",
-            "rounds=400",
-            "algorithm.name=local",
-        ]
-    )
-    _, l_ops, local = build(local_cfg)
-    local_loss = float(evaluate(local, run_rounds(local, l_ops, 400), l_ops).loss.mean())
-    assert cobo_loss < local_loss
+    loss = {}
+    for name in ("local", "oracle"):
+        _, b_ops, b = build(quad_cfg(*keys, f"algorithm.name={name}"))
+        loss[name] = float(evaluate(b, run_rounds(b, b_ops, 400), b_ops).loss.mean())
+    assert cobo_loss < loss["local"]
+    assert (loss["local"] - cobo_loss) >= 0.75 * (loss["local"] - loss["oracle"]), (loss, cobo_loss)
     agree = cluster_agreement(state.W, data.cluster.tolist())
     assert agree["w_within"] > 0.5 and agree["w_across"] < 0.01
     assert agree["mass_inside"] > 0.99
@@ -731,3 +754,34 @@ def test_sparse_w_keeps_only_entries_that_differ_from_w0():
     for cut in (0.0, 0.5):  # the threshold zeroes (2, 3): it is left out of the gather
         want = penalized_step(X, G, dense, 0.1, 2.0, "mean", cut)
         assert_close(penalized_step(X, G, sparse, 0.1, 2.0, "mean", cut), want)
+
+
+def test_a_pulled_pair_steps_as_often_as_recheck_samples_it():
+    """Where recheck samples the pairs the pull reads more often than the sampler, their
+    gamma decays by those samples: gamma / sqrt(1 + sum_tau<t max(p_tau, recheck)); other
+    pairs keep gamma_at. Dense and sparse W take the same step; without recheck (or
+    where the sampler's rate is never below it) every pair steps with gamma_at."""
+    import math
+
+    from raycobo.algorithms.cobo import update_weight_rows
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+
+    n, t = 200, 60  # mixed sampling: p = 2/200 = 0.01 < recheck 0.02 from round 0
+    algo = CoBo(CoBoConfig(), rounds=100, seed=0)
+    step = algo.w_step(t, n)
+    assert step.gamma == pytest.approx(3.0 / math.sqrt(1 + 0.01 * t))
+    assert step.pulled == pytest.approx(3.0 / math.sqrt(1 + 0.02 * t)) and step.cut == 0.5
+    edges = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    before = torch.tensor([0.7, 0.3, 0.5])  # pulled, not pulled, pulled (at the threshold)
+    sparse = update_weights(SparseBoxWeights.initial(n, 0.0), edges, before, 1.0, "box")
+    dense = sparse.to_dense()
+    scores = torch.tensor([-0.2, 0.1, 0.05])
+    want = before + torch.tensor([step.pulled, step.gamma, step.pulled]) * scores
+    got = update_weights(dense, edges, scores, step, "box")
+    assert_close(got[edges[:, 0], edges[:, 1]], want)
+    assert_close(update_weights(sparse, edges, scores, step, "box").to_dense(), got)
+    rows = torch.tensor([1, 2, 5])  # a host holding some of the rows: the same numbers
+    assert_close(update_weight_rows(dense[rows], rows, edges, scores, step, "box"), got[rows])
+    assert algo.w_step(40, 50).pulled is None  # p = 0.04 >= 0.02 in mixed's first half
+    assert CoBo(CoBoConfig(recheck=0.0), 100, 0).w_step(t, n).pulled is None
+    assert CoBo(CoBoConfig(rule="paper"), 100, 0).w_step(t, n).pulled is None

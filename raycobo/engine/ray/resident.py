@@ -293,36 +293,55 @@ class ResidentRounds:
         self.blocks_read[0] += int(W_host.sum())
         self.blocks_read[1] += H * H
         live = ops.live_hosts()  # dropped hosts hold no present client
-        grads = {h: self._phase1(h, t, ends, members, blocks) for h in live}
         hyper = self._hyper(t)  # the same for every host
-        steps = {h: self._phase2(h, hyper, edges, ends, grads, W_host, blocks) for h in live}
+        phase1 = {h: self._phase1(h, t, ends, members, blocks, hyper) for h in live}
+        grads = {h: refs[0] for h, refs in phase1.items()}
+        pulled = blocks  # the models the step pulls toward: x^t, or the stepped ones
+        if hyper.at == "stepped":  # published by phase 1 (a dropped host's: x^t)
+            pulled = [phase1[k][1] if k in phase1 else blocks[k] for k in range(H)]
+        steps = {h: self._phase2(h, hyper, edges, ends, grads, W_host, pulled) for h in live}
         ops.count_time(coordination_s=time.perf_counter() - t0)
         after = list(blocks)  # x^{t+1}: the live hosts' new blocks, the dropped hosts' last
         for h, (_, block) in steps.items():
             after[h] = block
         return _Pending(t, edges, members.numel(), steps, after)
 
-    def _phase1(self, h: int, t: int, ends: _Endpoints, members: torch.Tensor, blocks: list):
-        """Host h's gradients at its clients' midpoints and models (``res_grads``)."""
+    def _phase1(
+        self, h: int, t: int, ends: _Endpoints, members: torch.Tensor, blocks: list, hyper
+    ) -> list:
+        """Host h's gradients at its clients' midpoints and models, and its stepped
+        models where the pull acts on them (``res_grads``; two references)."""
         owner, local = self.ops.owner, self.ops.local
         cl, pa = ends.of_host(h)
         need = sorted(set(owner[pa].tolist()) | {h})  # blocks of the partners
-        return self.ops.hosts[h].res_grads.remote(
-            t,
-            local[cl].numpy(),
-            _addresses(need, owner[pa], local[pa]),
-            pa.numpy(),
-            local[members[owner[members] == h]].numpy(),
-            *(blocks[k] for k in need),
+        return (
+            self.ops.hosts[h]
+            .res_grads.options(num_returns=2)
+            .remote(
+                t,
+                local[cl].numpy(),
+                _addresses(need, owner[pa], local[pa]),
+                pa.numpy(),
+                local[members[owner[members] == h]].numpy(),
+                hyper.lr if hyper.at == "stepped" else None,
+                *(blocks[k] for k in need),
+            )
         )
 
     def _hyper(self, t: int) -> StepSettings:
         """Round t's step settings as the hosts' ``res_update`` reads them."""
         algo, c, state = self.algo, self.algo.cfg, self._state()
         rho = algo.penalty(self.ops.n_clients)
-        gamma = algo.gamma_at(t, algo.present(state))
         return StepSettings(
-            c.lr, rho, gamma, c.domain, c.alignment, algo.floor(state), c.pull, algo.threshold()
+            c.lr,
+            rho,
+            algo.w_step(t, algo.present(state)),
+            c.domain,
+            c.alignment,
+            algo.floor(state),
+            c.pull,
+            algo.threshold(),
+            c.pull_at,
         )
 
     def _phase2(
@@ -367,8 +386,8 @@ class ResidentRounds:
         for h, a in zip(hosts, answers, strict=True):
             scores[hi == h] = torch.tensor(np.asarray(a.scores, dtype=np.float32))
         if E:
-            gamma = self.algo.gamma_at(p.t, self.algo.present(self._state()))
-            self.W = update_weights(self.W, p.edges, scores, gamma, c.domain)  # Eq. (1)
+            step = self.algo.w_step(p.t, self.algo.present(self._state()))
+            self.W = update_weights(self.W, p.edges, scores, step, c.domain)  # Eq. (1)
         loss = torch.cat([torch.tensor(np.asarray(a.losses)) for a in answers])
         p1, p2 = max(a.phase1_s for a in answers), max(a.phase2_s for a in answers)
         ops.count_time(compute_s=p1 + p2)

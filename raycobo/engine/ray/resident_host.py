@@ -5,7 +5,7 @@ that also keeps its clients' models and W rows. A round is two calls, ``res_grad
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -15,18 +15,22 @@ from raycobo.engine.ray.errors import HostStateLost
 from raycobo.engine.ray.host import ClientHostImpl
 from raycobo.engine.ray.layout import host_layout
 
+if TYPE_CHECKING:
+    from raycobo.algorithms.cobo import WStep
+
 
 class StepSettings(NamedTuple):
     """Round t's CoBo step settings, sent by the coordinator to every resident host."""
 
     lr: float
     rho: float
-    gamma: float  # the W step at round t
+    w_step: WStep  # Eq. (1)'s step at round t
     domain: str
     alignment: str
     floor: float  # the bounded cosine's least denominator
     pull: str
     threshold: float  # the pull's threshold on w_ij
+    at: str  # where the pull acts: "current" models x^t or "stepped" x^t - lr g
 
 
 class StepAnswer(NamedTuple):
@@ -48,7 +52,8 @@ class ResidentHostImpl(ClientHostImpl):
         self.ids = torch.tensor(clients, device=self.device)
         self.X: torch.Tensor | None = None  # None: restarted by Ray, not restored yet
         self.W: torch.Tensor | None = None
-        self.pending_step: tuple | None = None  # (members, G, L) between the two phases
+        # (members, G, L, stepped models or None) between the two phases
+        self.pending_step: tuple | None = None
         self.phase1_s = 0.0
 
     def res_init(self, x0, W_rows) -> None:
@@ -81,11 +86,14 @@ class ResidentHostImpl(ClientHostImpl):
             out[torch.from_numpy(sel)] = torch.from_numpy(np.asarray(arrays[a])[at[sel, 1]])
         return out.to(self.device)
 
-    def res_grads(self, round, own, partners, salts, members, *blocks):
+    def res_grads(self, round, own, partners, salts, members, stepped_lr, *blocks):
         """Phase 1 of a resident round: this host's clients' gradients at the midpoints
         z_ij = (x_i + x_j) / 2 of their sampled pairs (x_j read from the partner host's
         published block) and at their own models (the model step's, kept here for
-        phase 2). One batched request. -> alignment gradients (k, d)"""
+        phase 2). One batched request. ``stepped_lr``: the pull acts on the stepped
+        models, y_i = x_i - lr g_i (x_i for clients not stepping), published here for
+        the other hosts' phase 2 (None: on x^t). -> (alignment gradients (k, d), this
+        host's stepped models or None)"""
         self._wait(len(own) + len(members))
         t0 = time.perf_counter()
         X = self._models()
@@ -100,9 +108,15 @@ class ResidentHostImpl(ClientHostImpl):
             ]
         )
         G, L = self.ops.grads(torch.cat([own, members]), Z, round, streams, salts)
-        self.pending_step = (members, G[k:], L[k:])
+        Y = None
+        if stepped_lr is not None:
+            from raycobo.algorithms.cobo import stepped_models
+
+            Y = X.clone()
+            Y[members] = stepped_models(X[members], G[k:], stepped_lr)
+        self.pending_step = (members, G[k:], L[k:], Y)
         self.phase1_s = time.perf_counter() - t0
-        return G[:k].cpu().numpy()
+        return G[:k].cpu().numpy(), None if Y is None else Y.cpu().numpy()
 
     def res_update(
         self, edges, at_i, at_j, report, present, hp: StepSettings, n_grads: int, *parts
@@ -110,7 +124,8 @@ class ResidentHostImpl(ClientHostImpl):
         """Phase 2: the scores <g_i(z_ij), g_j(z_ij)> of the sampled pairs that touch this
         host (both gradients read from phase 1's published arrays), Eq. (1) on this
         host's W rows, then Eq. (3) for its present clients against the published models
-        of the hosts they collaborate with. parts: ``n_grads`` phase-1 answers, then
+        of the hosts they collaborate with (x^t, or their phase-1 stepped models with
+        ``hp.at`` stepped). parts: ``n_grads`` phase-1 answers, then
         (host, block) pairs (references Ray resolves only as top-level arguments). ->
         (:class:`StepAnswer`, the new block)"""
         from raycobo.algorithms.cobo import (
@@ -131,8 +146,8 @@ class ResidentHostImpl(ClientHostImpl):
         if edges.shape[0]:  # Eq. (1) on this host's W rows
             G_i, G_j = self._rows_of(grads, at_i), self._rows_of(grads, at_j)
             scores = alignment_scores(G_i, G_j, hp.alignment, hp.floor)
-            self.W = update_weight_rows(self.W, self.ids, edges, scores, hp.gamma, hp.domain)
-        members, G, L = self.pending_step
+            self.W = update_weight_rows(self.W, self.ids, edges, scores, hp.w_step, hp.domain)
+        members, G, L, Y = self.pending_step
         if members.numel():  # Eq. (3) over the linked hosts' published models
             W_rows = self.W[members]
             if present is not None:  # absent clients neither pull nor are pulled
@@ -141,7 +156,10 @@ class ResidentHostImpl(ClientHostImpl):
             # weak edges out, and for the mean pull toward the collaborators' mean
             W_rows = pull_weights(W_rows, hp.pull, hp.threshold)
             all_members = members.numel() == len(self.clients)
-            X_rows = self.X if all_members else self.X[members]
+            if Y is not None:  # the pull alone, on the stepped models
+                X_rows, G = (Y if all_members else Y[members]), None
+            else:
+                X_rows = self.X if all_members else self.X[members]
             linked = [
                 (
                     torch.tensor(self.layout[h], device=self.device),
