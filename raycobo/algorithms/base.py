@@ -173,6 +173,18 @@ class PlansAlignment(Protocol):
     def step(self, state: Any, members: torch.Tensor, G: torch.Tensor) -> Any: ...
 
 
+@runtime_checkable
+class StepsInRows(Protocol):
+    """A round that hosts each keeping some clients' models and weight rows can compute
+    between them (the Ray engine's resident mode): the round's settings, whose methods
+    the hosts call on their rows (CoBo's ``RowStep``), and why the method's settings
+    cannot run so (None: they can)."""
+
+    def row_step(self, t: int, state: Any) -> Any: ...
+
+    def rows_refusal(self) -> str | None: ...
+
+
 def evaluate(algo: Algorithm, state: Any, ops: ClientOps) -> Evaluation:
     """Every client's prediction model on its own test data (or the algorithm's own
     evaluation, for one that predicts otherwise)."""

@@ -551,6 +551,57 @@ def alignment_scores(
     return dot
 
 
+@dataclass(frozen=True)
+class RowStep:
+    """Round t's CoBo on some clients' rows: what a host that keeps its clients' models
+    and W rows computes (the Ray engine's resident hosts), from the gradients and the
+    other hosts' models it reads. Built by ``CoBo.row_step``; the equations are those
+    of ``CoBo.round``, restricted to rows."""
+
+    lr: float
+    rho: float
+    w_step: WStep  # Eq. (1)'s step this round
+    domain: str
+    alignment: str
+    floor: float  # the bounded cosine's least denominator
+    pull: str
+    threshold: float  # the pull's threshold on w_ij
+    at: str  # where the pull acts: "current" models x^t or "stepped" x^t - lr g
+
+    @staticmethod
+    def midpoints(X_own: torch.Tensor, X_partners: torch.Tensor) -> torch.Tensor:
+        """z_ij = (x_i + x_j) / 2, where the pair's alignment gradients are taken."""
+        return 0.5 * (X_own + X_partners)
+
+    def stepped(
+        self, X: torch.Tensor, members: torch.Tensor, G: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The models the pull acts on where it acts on the stepped ones (x - lr g for
+        the clients stepping, x for the others; None: it acts on x^t)."""
+        if self.at != "stepped":
+            return None
+        Y = X.clone()
+        Y[members] = stepped_models(X[members], G, self.lr)
+        return Y
+
+    def update_w(
+        self, W_rows: torch.Tensor, ids: torch.Tensor, edges, G_i, G_j
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. (1) on the rows ``ids`` from the pairs' alignment gradients. -> (the new
+        rows, the pairs' scores)"""
+        scores = alignment_scores(G_i, G_j, self.alignment, self.floor)
+        return update_weight_rows(W_rows, ids, edges, scores, self.w_step, self.domain), scores
+
+    def step(self, X_rows, G, Y_rows, W_rows, blocks) -> torch.Tensor:
+        """Eq. (3) for some clients with their W rows over the models in ``blocks``
+        ((cols, models) of the hosts read: x^t, or the stepped models ``Y_rows`` and
+        the other hosts' where the pull acts on those)."""
+        W_rows = pull_weights(W_rows, self.pull, self.threshold)
+        if Y_rows is not None:  # the pull alone, on the stepped models
+            return penalized_rows_blocks(Y_rows, None, W_rows, blocks, self.lr, self.rho)
+        return penalized_rows_blocks(X_rows, G, W_rows, blocks, self.lr, self.rho)
+
+
 class CoBo:
     name = "cobo"
 
@@ -616,6 +667,38 @@ class CoBo:
         pulled = c.gamma / (math.sqrt(1.0 + k) if c.gamma_decay == "sqrt" else 1.0 + k)
         # where the sampler's rate was never below recheck, the same step
         return WStep(gamma) if pulled >= gamma else WStep(gamma, pulled, self.threshold())
+
+    def rows_refusal(self) -> str | None:
+        """Why these settings cannot step in rows on hosts (None: they can): a host
+        keeps dense W rows, steps without momentum from one shared x^0, W first."""
+        c = self.cfg
+        plain = (
+            c.weights != "sparse"
+            and c.momentum == 0
+            and c.init == "shared"
+            and c.order == "weights_first"
+        )
+        if plain:
+            return None
+        return (
+            "host-resident models run cobo with a dense W (algorithm.weights), no "
+            "momentum, init shared and order weights_first"
+        )
+
+    def row_step(self, t: int, state: CoBoState) -> RowStep:
+        """Round t's settings for hosts that each keep some clients' rows."""
+        c = self.cfg
+        return RowStep(
+            c.lr,
+            self.penalty(state.X.shape[0]),
+            self.w_step(t, self.present(state)),
+            c.domain,
+            c.alignment,
+            self.floor(state),
+            c.pull,
+            self.threshold(),
+            c.pull_at,
+        )
 
     def sampler(self, n: int) -> EdgeSampler:
         return EdgeSampler.for_cobo(self.cfg, n, self.rounds, self.seed)
@@ -750,9 +833,12 @@ class CoBo:
         if E == 0:
             return state
         scores = alignment_scores(G_align[:E], G_align[E:], self.cfg.alignment, self.floor(state))
+        return self.apply_scores(state, edges, scores, t)
+
+    def apply_scores(self, state: CoBoState, edges, scores: torch.Tensor, t: int) -> CoBoState:
+        """Eq. (1) from round t's scores of the sampled pairs."""
         step = self.w_step(t, self.present(state))
-        W = update_weights(state.W, edges, scores, step, self.cfg.domain)
-        return replace(state, W=W)
+        return replace(state, W=update_weights(state.W, edges, scores, step, self.cfg.domain))
 
     def step(self, state: CoBoState, members: torch.Tensor, G: torch.Tensor) -> CoBoState:
         """Eq. (3) for the present clients, with the current W and x^t (``pull_at``

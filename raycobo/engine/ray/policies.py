@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import Elastic, Evaluation, PlansAlignment
+from raycobo.algorithms.base import Elastic, Evaluation, PlansAlignment, StepsInRows
 from raycobo.engine.ray.ops import AsyncGrads, RayClientOps
 from raycobo.engine.session import LocalSession
 from raycobo.state import state_tree
@@ -61,27 +61,22 @@ def round_mode(cfg, algo) -> RoundMode:
     """How the Ray engine runs this run's rounds, decided here only (the hosts it places,
     the coordinator's policy): ``resident`` (engine.resident), ``stale``
     (engine.staleness > 0) or ``synchronous``. A combination that cannot run is refused
-    naming the key: resident models run CoBo as Algorithm 1 orders it, without momentum,
-    from one shared x^0, with a dense W; late alignment results need an algorithm that
-    plans its alignment (CoBo), in the weights-first order."""
+    naming the key: resident models need a method that steps in rows (``StepsInRows``:
+    CoBo, with the settings its ``rows_refusal`` accepts) and no staleness; late alignment
+    results need an algorithm that plans its alignment (CoBo), in the weights-first
+    order."""
     from raycobo.config import ConfigError
 
     e, a = cfg.engine, cfg.algorithm
     if e.resident:
-        plain = (
-            a.name == "cobo"
-            and not e.staleness
-            and a.weights != "sparse"
-            and a.momentum == 0
-            and a.init == "shared"
-            and a.order == "weights_first"
-        )
-        if not plain:
-            raise ConfigError(
-                "invalid config key 'engine.resident': host-resident models run cobo with "
-                "a dense W (algorithm.weights), no momentum, init shared, order "
-                "weights_first and engine.staleness=0"
-            )
+        if not isinstance(algo, StepsInRows):
+            why = f"algorithm '{a.name}' has no round in rows for hosts to keep (cobo has)"
+        else:
+            why = algo.rows_refusal()
+        if why is None and e.staleness:
+            why = "host-resident models run without staleness (engine.staleness=0)"
+        if why is not None:
+            raise ConfigError(f"invalid config key 'engine.resident': {why}")
         return "resident"
     if e.staleness:
         if not isinstance(algo, PlansAlignment):

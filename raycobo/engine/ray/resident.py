@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -16,8 +16,11 @@ from raycobo.algorithms.base import Evaluation, cluster_agreement
 from raycobo.engine.ray.errors import HostStateLost, actor_lost
 from raycobo.engine.ray.ops import RayClientOps, gather_evaluation
 from raycobo.engine.ray.policies import RoundTiming
-from raycobo.engine.ray.resident_host import StepAnswer, StepSettings
+from raycobo.engine.ray.resident_host import StepAnswer
 from raycobo.state import state_tree
+
+if TYPE_CHECKING:
+    from raycobo.algorithms.cobo import RowStep
 
 
 @dataclass
@@ -293,7 +296,7 @@ class ResidentRounds:
         self.blocks_read[0] += int(W_host.sum())
         self.blocks_read[1] += H * H
         live = ops.live_hosts()  # dropped hosts hold no present client
-        hyper = self._hyper(t)  # the same for every host
+        hyper = self.algo.row_step(t, self._state())  # the same for every host
         phase1 = {h: self._phase1(h, t, ends, members, blocks, hyper) for h in live}
         grads = {h: refs[0] for h, refs in phase1.items()}
         pulled = blocks  # the models the step pulls toward: x^t, or the stepped ones
@@ -307,7 +310,7 @@ class ResidentRounds:
         return _Pending(t, edges, members.numel(), steps, after)
 
     def _phase1(
-        self, h: int, t: int, ends: _Endpoints, members: torch.Tensor, blocks: list, hyper
+        self, h: int, t: int, ends: _Endpoints, members: torch.Tensor, blocks: list, hyper: RowStep
     ) -> list:
         """Host h's gradients at its clients' midpoints and models, and its stepped
         models where the pull acts on them (``res_grads``; two references)."""
@@ -323,29 +326,13 @@ class ResidentRounds:
                 _addresses(need, owner[pa], local[pa]),
                 pa.numpy(),
                 local[members[owner[members] == h]].numpy(),
-                hyper.lr if hyper.at == "stepped" else None,
+                hyper,
                 *(blocks[k] for k in need),
             )
         )
 
-    def _hyper(self, t: int) -> StepSettings:
-        """Round t's step settings as the hosts' ``res_update`` reads them."""
-        algo, c, state = self.algo, self.algo.cfg, self._state()
-        rho = algo.penalty(self.ops.n_clients)
-        return StepSettings(
-            c.lr,
-            rho,
-            algo.w_step(t, algo.present(state)),
-            c.domain,
-            c.alignment,
-            algo.floor(state),
-            c.pull,
-            algo.threshold(),
-            c.pull_at,
-        )
-
     def _phase2(
-        self, h, hyper: StepSettings, edges, ends: _Endpoints, grads: dict, W_host, blocks: list
+        self, h, hyper: RowStep, edges, ends: _Endpoints, grads: dict, W_host, blocks: list
     ) -> tuple:
         """Host h's Eq. (1) on its W rows and Eq. (3) over the models it weighs
         (``res_update``): both endpoints' phase-1 gradients read host to host."""
@@ -375,9 +362,7 @@ class ResidentRounds:
     def _collect(self, p: _Pending) -> dict[str, float]:
         """Wait for a submitted round; commit its models (the published blocks, also the
         checkpoint a restarted host resumes from) and W (from the returned scores)."""
-        from raycobo.algorithms.cobo import update_weights
-
-        ops, c, E = self.ops, self.algo.cfg, p.edges.shape[0]
+        ops, E = self.ops, p.edges.shape[0]
         hosts = list(p.steps)
         answers: list[StepAnswer] = ops.get([p.steps[h][0] for h in hosts])
         self.blocks = p.blocks_after  # x^{t+1}
@@ -386,8 +371,7 @@ class ResidentRounds:
         for h, a in zip(hosts, answers, strict=True):
             scores[hi == h] = torch.tensor(np.asarray(a.scores, dtype=np.float32))
         if E:
-            step = self.algo.w_step(p.t, self.algo.present(self._state()))
-            self.W = update_weights(self.W, p.edges, scores, step, c.domain)  # Eq. (1)
+            self.W = self.algo.apply_scores(self._state(), p.edges, scores, p.t).W  # Eq. (1)
         loss = torch.cat([torch.tensor(np.asarray(a.losses)) for a in answers])
         p1, p2 = max(a.phase1_s for a in answers), max(a.phase2_s for a in answers)
         ops.count_time(compute_s=p1 + p2)

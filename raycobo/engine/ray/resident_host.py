@@ -16,21 +16,7 @@ from raycobo.engine.ray.host import ClientHostImpl
 from raycobo.engine.ray.layout import host_layout
 
 if TYPE_CHECKING:
-    from raycobo.algorithms.cobo import WStep
-
-
-class StepSettings(NamedTuple):
-    """Round t's CoBo step settings, sent by the coordinator to every resident host."""
-
-    lr: float
-    rho: float
-    w_step: WStep  # Eq. (1)'s step at round t
-    domain: str
-    alignment: str
-    floor: float  # the bounded cosine's least denominator
-    pull: str
-    threshold: float  # the pull's threshold on w_ij
-    at: str  # where the pull acts: "current" models x^t or "stepped" x^t - lr g
+    from raycobo.algorithms.cobo import RowStep
 
 
 class StepAnswer(NamedTuple):
@@ -86,20 +72,19 @@ class ResidentHostImpl(ClientHostImpl):
             out[torch.from_numpy(sel)] = torch.from_numpy(np.asarray(arrays[a])[at[sel, 1]])
         return out.to(self.device)
 
-    def res_grads(self, round, own, partners, salts, members, stepped_lr, *blocks):
+    def res_grads(self, round, own, partners, salts, members, hp: RowStep, *blocks):
         """Phase 1 of a resident round: this host's clients' gradients at the midpoints
         z_ij = (x_i + x_j) / 2 of their sampled pairs (x_j read from the partner host's
         published block) and at their own models (the model step's, kept here for
-        phase 2). One batched request. ``stepped_lr``: the pull acts on the stepped
-        models, y_i = x_i - lr g_i (x_i for clients not stepping), published here for
-        the other hosts' phase 2 (None: on x^t). -> (alignment gradients (k, d), this
-        host's stepped models or None)"""
+        phase 2). One batched request. Where the pull acts on the stepped models (``hp``)
+        they are published here for the other hosts' phase 2. -> (alignment gradients
+        (k, d), this host's stepped models or None)"""
         self._wait(len(own) + len(members))
         t0 = time.perf_counter()
         X = self._models()
         own, members = self._in(own), self._in(members)
         k, m = own.numel(), members.numel()
-        Z = torch.cat([0.5 * (X[own] + self._rows_of(blocks, partners)), X[members]])
+        Z = torch.cat([hp.midpoints(X[own], self._rows_of(blocks, partners)), X[members]])
         streams = torch.cat([torch.full((k,), rng.ALIGN), torch.full((m,), rng.STEP)])
         salts = torch.cat(
             [
@@ -108,33 +93,19 @@ class ResidentHostImpl(ClientHostImpl):
             ]
         )
         G, L = self.ops.grads(torch.cat([own, members]), Z, round, streams, salts)
-        Y = None
-        if stepped_lr is not None:
-            from raycobo.algorithms.cobo import stepped_models
-
-            Y = X.clone()
-            Y[members] = stepped_models(X[members], G[k:], stepped_lr)
+        Y = hp.stepped(X, members, G[k:])
         self.pending_step = (members, G[k:], L[k:], Y)
         self.phase1_s = time.perf_counter() - t0
         return G[:k].cpu().numpy(), None if Y is None else Y.cpu().numpy()
 
-    def res_update(
-        self, edges, at_i, at_j, report, present, hp: StepSettings, n_grads: int, *parts
-    ):
-        """Phase 2: the scores <g_i(z_ij), g_j(z_ij)> of the sampled pairs that touch this
-        host (both gradients read from phase 1's published arrays), Eq. (1) on this
-        host's W rows, then Eq. (3) for its present clients against the published models
-        of the hosts they collaborate with (x^t, or their phase-1 stepped models with
-        ``hp.at`` stepped). parts: ``n_grads`` phase-1 answers, then
-        (host, block) pairs (references Ray resolves only as top-level arguments). ->
+    def res_update(self, edges, at_i, at_j, report, present, hp: RowStep, n_grads: int, *parts):
+        """Phase 2: the scores of the sampled pairs that touch this host (both gradients
+        read from phase 1's published arrays) and Eq. (1) on this host's W rows, then
+        Eq. (3) for its present clients against the published models of the hosts they
+        collaborate with (x^t, or their phase-1 stepped models), both as ``hp`` (CoBo's
+        ``RowStep``) computes them. parts: ``n_grads`` phase-1 answers, then (host, block)
+        pairs (references Ray resolves only as top-level arguments). ->
         (:class:`StepAnswer`, the new block)"""
-        from raycobo.algorithms.cobo import (
-            alignment_scores,
-            penalized_rows_blocks,
-            pull_weights,
-            update_weight_rows,
-        )
-
         if self.pending_step is None:  # restarted by Ray between the two phases
             raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
         t0 = time.perf_counter()
@@ -145,21 +116,16 @@ class ResidentHostImpl(ClientHostImpl):
         scores = torch.zeros(0, device=self.device)
         if edges.shape[0]:  # Eq. (1) on this host's W rows
             G_i, G_j = self._rows_of(grads, at_i), self._rows_of(grads, at_j)
-            scores = alignment_scores(G_i, G_j, hp.alignment, hp.floor)
-            self.W = update_weight_rows(self.W, self.ids, edges, scores, hp.w_step, hp.domain)
+            self.W, scores = hp.update_w(self.W, self.ids, edges, G_i, G_j)
         members, G, L, Y = self.pending_step
         if members.numel():  # Eq. (3) over the linked hosts' published models
             W_rows = self.W[members]
             if present is not None:  # absent clients neither pull nor are pulled
                 mask = torch.as_tensor(np.asarray(present, dtype=bool))
                 W_rows = W_rows * mask.to(self.device, W_rows.dtype)
-            # weak edges out, and for the mean pull toward the collaborators' mean
-            W_rows = pull_weights(W_rows, hp.pull, hp.threshold)
             all_members = members.numel() == len(self.clients)
-            if Y is not None:  # the pull alone, on the stepped models
-                X_rows, G = (Y if all_members else Y[members]), None
-            else:
-                X_rows = self.X if all_members else self.X[members]
+            X_rows = self.X if all_members else self.X[members]
+            Y_rows = None if Y is None else (Y if all_members else Y[members])
             linked = [
                 (
                     torch.tensor(self.layout[h], device=self.device),
@@ -167,7 +133,7 @@ class ResidentHostImpl(ClientHostImpl):
                 )
                 for h, block in zip(block_hosts, blocks, strict=True)
             ]
-            new = penalized_rows_blocks(X_rows, G, W_rows, linked, hp.lr, hp.rho)
+            new = hp.step(X_rows, G, Y_rows, W_rows, linked)
             if all_members:
                 self.X = new
             else:

@@ -391,8 +391,13 @@ def test_the_round_mode_is_decided_once_and_a_staleness_that_cannot_act_is_refus
     assert mode(**{"algorithm.name": "fedavg"}) == "synchronous"
     with pytest.raises(ConfigError, match="engine.staleness.*'fedavg'"):
         mode(**{"algorithm.name": "fedavg", "engine.staleness": 1})
-    with pytest.raises(ConfigError, match="engine.resident"):
+    with pytest.raises(ConfigError, match="engine.resident.*staleness"):
         mode(**{"algorithm.name": "cobo", "engine.resident": True, "engine.staleness": 1})
+    # resident needs a method that steps in rows (StepsInRows), with settings it accepts
+    with pytest.raises(ConfigError, match="engine.resident.*'fedavg'"):
+        mode(**{"algorithm.name": "fedavg", "engine.resident": True})
+    with pytest.raises(ConfigError, match="engine.resident.*momentum"):
+        mode(**{"algorithm.name": "cobo", "engine.resident": True, "algorithm.momentum": 0.9})
     with pytest.raises(ConfigError, match="weights_first"):
         mode(**{"algorithm.name": "cobo", "engine.staleness": 1, "algorithm.order": "models_first"})
 
