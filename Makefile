@@ -78,8 +78,8 @@ fidelity-ablation: install data
 # then its table and plots in FIDELITY.md (about six and a half hours on 2 cores; the
 # GPU cells: benchmarks/regimes/gpu.sh; -quick: the small cells, one seed, minutes)
 regimes: install data
-	$(PY) benchmarks/regimes/run.py --split test --candidates no-recheck,third-matrix,paper
-	$(PY) benchmarks/regimes/report.py --split test --entries cobo,no-recheck,third-matrix,paper \
+	$(PY) benchmarks/regimes/run.py --split test --candidates fourth-matrix,third-matrix,paper
+	$(PY) benchmarks/regimes/report.py --split test --entries cobo,fourth-matrix,third-matrix,paper \
 		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png \
 		--scaling-plot benchmarks/regimes/scaling.png
 

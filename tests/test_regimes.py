@@ -137,3 +137,17 @@ def test_a_row_counts_only_for_the_settings_it_ran():
     ]
     table = report.summarize(rows)
     assert table["quad-2x2"]["cobo"]["score"] == 0.5 and table["quad-2x2"]["cobo"]["n"] == 1
+
+
+def test_an_entry_on_fewer_seeds_is_measured_against_the_same_seeds():
+    """The gap closed compares an entry with Local and Oracle over the seeds it ran."""
+    row = {"cell": "digits-8-r100", "diverged": False, "loss": None}
+    rows = [
+        {**row, "entry": "local", "seed": 0, "accuracy": 0.80},
+        {**row, "entry": "local", "seed": 1, "accuracy": 0.60},
+        {**row, "entry": "oracle", "seed": 0, "accuracy": 0.90},
+        {**row, "entry": "oracle", "seed": 1, "accuracy": 0.90},
+        {**row, "entry": "cobo", "seed": 0, "accuracy": 0.85},
+    ]
+    cobo = report.summarize(rows)["digits-8-r100"]["cobo"]
+    assert cobo["gap"] == pytest.approx(0.5)  # (0.85 - 0.80) / (0.90 - 0.80), seed 0 only

@@ -44,6 +44,10 @@ def _mean(xs):
     return statistics.fmean(xs) if xs else None
 
 
+def _seed_mean(rows: list[dict], seeds: set, key: str) -> float | None:
+    return _mean([r[key] for r in rows if r["seed"] in seeds and not r["diverged"]])
+
+
 def _on_cpu(row: dict) -> bool:
     return row.get("device", "cpu") == "cpu"
 
@@ -60,10 +64,14 @@ def summarize(rows: list[dict]) -> dict:
     for cell, entries in by.items():
         key = metric.get(cell, "accuracy")
         score = {e: _mean([r[key] for r in rs if not r["diverged"]]) for e, rs in entries.items()}
-        local, oracle = score.get("local"), score.get("oracle")
         table[cell] = {}
         for e, rs in entries.items():
             s = score[e]
+            # the baselines over the seeds this entry ran (an entry run on fewer seeds
+            # is measured against the same ones)
+            seeds = {r["seed"] for r in rs}
+            local = _seed_mean(entries.get("local", []), seeds, key)
+            oracle = _seed_mean(entries.get("oracle", []), seeds, key)
             gap = None
             if None not in (s, local, oracle) and oracle != local:
                 gap = (s - local) / (oracle - local)
