@@ -642,15 +642,16 @@ class CoBo:
             )
         return float(c.rho)
 
-    def gamma_at(self, t: int, n: int) -> float:
+    def gamma_at(self, t: int, n: int, floor: float = 0.0) -> float:
         """Round t's W step: gamma, divided by sqrt(1 + k_t) or 1 + k_t (gamma_decay;
         k_t = the samples a pair has had in expectation before round t among n present
-        clients), so that W is learned early and its late samples, noisy once the models
-        fit their data, move it little."""
+        clients, counting a sampling rate of at least ``floor``), so that W is learned
+        early and its late samples, noisy once the models fit their data, move it
+        little."""
         c = self.cfg
         if c.gamma_decay == "none":
             return c.gamma
-        k = self.sampler(n).expected_samples(t)
+        k = self.sampler(n).expected_samples(t, floor)
         return c.gamma / (math.sqrt(1.0 + k) if c.gamma_decay == "sqrt" else 1.0 + k)
 
     def w_step(self, t: int, n: int) -> WStep:
@@ -663,8 +664,7 @@ class CoBo:
         gamma = self.gamma_at(t, n)
         if c.gamma_decay == "none" or c.domain != "box" or not c.recheck:
             return WStep(gamma)
-        k = self.sampler(n).expected_samples(t, float(c.recheck))
-        pulled = c.gamma / (math.sqrt(1.0 + k) if c.gamma_decay == "sqrt" else 1.0 + k)
+        pulled = self.gamma_at(t, n, float(c.recheck))
         # where the sampler's rate was never below recheck, the same step
         return WStep(gamma) if pulled >= gamma else WStep(gamma, pulled, self.threshold())
 
