@@ -16,7 +16,7 @@ from raycobo.algorithms.base import Evaluation, cluster_agreement
 from raycobo.engine.ray.errors import HostStateLost, actor_lost
 from raycobo.engine.ray.ops import RayClientOps, gather_evaluation
 from raycobo.engine.ray.policies import RoundTiming
-from raycobo.engine.ray.resident_host import StepAnswer
+from raycobo.engine.ray.resident_host import GradsRequest, StepAnswer, UpdateRequest
 from raycobo.state import state_tree
 
 if TYPE_CHECKING:
@@ -321,11 +321,13 @@ class ResidentRounds:
             self.ops.hosts[h]
             .res_grads.options(num_returns=2)
             .remote(
-                t,
-                local[cl].numpy(),
-                _addresses(need, owner[pa], local[pa]),
-                pa.numpy(),
-                local[members[owner[members] == h]].numpy(),
+                GradsRequest(
+                    round=t,
+                    own=local[cl].numpy(),
+                    partners=_addresses(need, owner[pa], local[pa]),
+                    salts=pa.numpy(),
+                    members=local[members[owner[members] == h]].numpy(),
+                ),
                 hyper,
                 *(blocks[k] for k in need),
             )
@@ -347,13 +349,15 @@ class ResidentRounds:
             self.ops.hosts[h]
             .res_update.options(num_returns=2)
             .remote(
-                edges[e].numpy(),
-                _addresses(src, hi[e], ends.pos[e]),
-                _addresses(src, hj[e], ends.pos[E + e]),
-                (hi[e] == h).numpy(),
-                present,
+                UpdateRequest(
+                    edges=edges[e].numpy(),
+                    at_i=_addresses(src, hi[e], ends.pos[e]),
+                    at_j=_addresses(src, hj[e], ends.pos[E + e]),
+                    report=(hi[e] == h).numpy(),
+                    present=present,
+                    n_grads=len(src),
+                ),
                 hyper,
-                len(src),
                 *(grads[k] for k in src),
                 *[x for k in linked for x in (k, blocks[k])],
             )

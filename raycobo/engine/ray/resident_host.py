@@ -19,6 +19,29 @@ if TYPE_CHECKING:
     from raycobo.algorithms.cobo import RowStep
 
 
+class GradsRequest(NamedTuple):
+    """Phase 1's question to a host (``res_grads``): the points its clients need
+    gradients at this round."""
+
+    round: int
+    own: np.ndarray  # local index of the i end of each sampled pair this host serves
+    partners: np.ndarray  # (k, 2): (published block among the call's, row) of each j end
+    salts: np.ndarray  # the pairs' alignment salts (global j ids)
+    members: np.ndarray  # local indices of its clients that take the model step
+
+
+class UpdateRequest(NamedTuple):
+    """Phase 2's question to a host (``res_update``): the sampled pairs that touch it
+    and where both ends' phase-1 gradients lie among the call's arrays."""
+
+    edges: np.ndarray  # (e, 2) global ids
+    at_i: np.ndarray  # (e, 2): (phase-1 answer, row) of g_i(z_ij)
+    at_j: np.ndarray  # and of g_j(z_ij)
+    report: np.ndarray  # (e,) bool: pairs whose i end is this host's (it reports their scores)
+    present: np.ndarray | None  # (n,) bool, None: every client present
+    n_grads: int  # how many of the call's arrays are phase-1 answers (the rest: blocks)
+
+
 class StepAnswer(NamedTuple):
     """A resident host's answer to phase 2 (beside its new block of models)."""
 
@@ -72,56 +95,57 @@ class ResidentHostImpl(ClientHostImpl):
             out[torch.from_numpy(sel)] = torch.from_numpy(np.asarray(arrays[a])[at[sel, 1]])
         return out.to(self.device)
 
-    def res_grads(self, round, own, partners, salts, members, hp: RowStep, *blocks):
+    def res_grads(self, req: GradsRequest, hp: RowStep, *blocks):
         """Phase 1 of a resident round: this host's clients' gradients at the midpoints
         z_ij = (x_i + x_j) / 2 of their sampled pairs (x_j read from the partner host's
-        published block) and at their own models (the model step's, kept here for
-        phase 2). One batched request. Where the pull acts on the stepped models (``hp``)
-        they are published here for the other hosts' phase 2. -> (alignment gradients
-        (k, d), this host's stepped models or None)"""
-        self._wait(len(own) + len(members))
+        published block among ``blocks``) and at their own models (the model step's,
+        kept here for phase 2). One batched request. Where the pull acts on the stepped
+        models (``hp``) they are published here for the other hosts' phase 2. ->
+        (alignment gradients (k, d), this host's stepped models or None)"""
+        self._wait(len(req.own) + len(req.members))
         t0 = time.perf_counter()
         X = self._models()
-        own, members = self._in(own), self._in(members)
+        own, members = self._in(req.own), self._in(req.members)
         k, m = own.numel(), members.numel()
-        Z = torch.cat([hp.midpoints(X[own], self._rows_of(blocks, partners)), X[members]])
+        Z = torch.cat([hp.midpoints(X[own], self._rows_of(blocks, req.partners)), X[members]])
         streams = torch.cat([torch.full((k,), rng.ALIGN), torch.full((m,), rng.STEP)])
         salts = torch.cat(
             [
-                torch.as_tensor(np.asarray(salts), dtype=torch.int64).reshape(-1),
+                torch.as_tensor(np.asarray(req.salts), dtype=torch.int64).reshape(-1),
                 torch.zeros(m, dtype=torch.int64),
             ]
         )
-        G, L = self.ops.grads(torch.cat([own, members]), Z, round, streams, salts)
+        G, L = self.ops.grads(torch.cat([own, members]), Z, req.round, streams, salts)
         Y = hp.stepped(X, members, G[k:])
         self.pending_step = (members, G[k:], L[k:], Y)
         self.phase1_s = time.perf_counter() - t0
         return G[:k].cpu().numpy(), None if Y is None else Y.cpu().numpy()
 
-    def res_update(self, edges, at_i, at_j, report, present, hp: RowStep, n_grads: int, *parts):
+    def res_update(self, req: UpdateRequest, hp: RowStep, *parts):
         """Phase 2: the scores of the sampled pairs that touch this host (both gradients
         read from phase 1's published arrays) and Eq. (1) on this host's W rows, then
         Eq. (3) for its present clients against the published models of the hosts they
         collaborate with (x^t, or their phase-1 stepped models), both as ``hp`` (CoBo's
-        ``RowStep``) computes them. parts: ``n_grads`` phase-1 answers, then (host, block)
-        pairs (references Ray resolves only as top-level arguments). ->
+        ``RowStep``) computes them. parts: ``req.n_grads`` phase-1 answers, then (host,
+        block) pairs (references Ray resolves only as top-level arguments). ->
         (:class:`StepAnswer`, the new block)"""
         if self.pending_step is None:  # restarted by Ray between the two phases
             raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
         t0 = time.perf_counter()
+        n_grads = req.n_grads
         grads = parts[:n_grads]
         block_hosts = parts[n_grads::2]
         blocks = parts[n_grads + 1 :: 2]
-        edges = torch.as_tensor(np.asarray(edges), dtype=torch.int64).reshape(-1, 2)
+        edges = torch.as_tensor(np.asarray(req.edges), dtype=torch.int64).reshape(-1, 2)
         scores = torch.zeros(0, device=self.device)
         if edges.shape[0]:  # Eq. (1) on this host's W rows
-            G_i, G_j = self._rows_of(grads, at_i), self._rows_of(grads, at_j)
+            G_i, G_j = self._rows_of(grads, req.at_i), self._rows_of(grads, req.at_j)
             self.W, scores = hp.update_w(self.W, self.ids, edges, G_i, G_j)
         members, G, L, Y = self.pending_step
         if members.numel():  # Eq. (3) over the linked hosts' published models
             W_rows = self.W[members]
-            if present is not None:  # absent clients neither pull nor are pulled
-                mask = torch.as_tensor(np.asarray(present, dtype=bool))
+            if req.present is not None:  # absent clients neither pull nor are pulled
+                mask = torch.as_tensor(np.asarray(req.present, dtype=bool))
                 W_rows = W_rows * mask.to(self.device, W_rows.dtype)
             all_members = members.numel() == len(self.clients)
             X_rows = self.X if all_members else self.X[members]
@@ -139,7 +163,7 @@ class ResidentHostImpl(ClientHostImpl):
             else:
                 self.X[members] = new
         self.pending_step = None
-        report = torch.as_tensor(np.asarray(report, dtype=bool)).to(self.device)
+        report = torch.as_tensor(np.asarray(req.report, dtype=bool)).to(self.device)
         seconds = time.perf_counter() - t0
         out = StepAnswer(scores[report].cpu().numpy(), L.cpu().numpy(), self.phase1_s, seconds)
         return out, self.res_block()
