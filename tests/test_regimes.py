@@ -151,3 +151,63 @@ def test_an_entry_on_fewer_seeds_is_measured_against_the_same_seeds():
     ]
     cobo = report.summarize(rows)["digits-8-r100"]["cobo"]
     assert cobo["gap"] == pytest.approx(0.5)  # (0.85 - 0.80) / (0.90 - 0.80), seed 0 only
+
+
+def test_the_quadratic_validates_on_other_problems():
+    """The quadratic has no samples to hold out: its validation split draws other
+    problem instances (seeds offset), so no test instance chooses a default."""
+    cells = {c["id"]: c for c in regimes.load_cells()}
+    val = regimes.cell_config(cells["quad-2x2"], "validation", 2)
+    test = regimes.cell_config(cells["quad-2x2"], "test", 2)
+    assert test["seed"] == 2 and val["seed"] == regimes.VALIDATION_SEED_OFFSET + 2
+    digits = regimes.cell_config(cells["digits-8-r100"], "validation", 2)
+    assert digits["seed"] == 2 and digits["data"]["evaluate_on"] == "validation"
+
+
+def test_the_tuned_entry_is_the_best_sweep_point_on_validation():
+    """Each cell's ``tuned`` point: the best mean validation score over the seeds every
+    grid point ran (a diverged run worst, the loss minimised); none while a point is
+    missing; --sweep only on validation and --tuned only on test."""
+    cells = {c["id"]: c for c in regimes.load_cells()}
+    grid = {"gamma": [1.0, 3.0], "pull_strength": [0.5]}
+    points = regimes.sweep_entries(grid)
+    assert list(points) == [
+        "sweep:gamma=1.0,pull_strength=0.5",
+        "sweep:gamma=3.0,pull_strength=0.5",
+    ]
+    low, high = points
+
+    def row(cell, entry, seed, value, diverged=False):
+        metric = cells[cell].get("metric", "accuracy")
+        return {"cell": cell, "entry": entry, "seed": seed, "diverged": diverged,
+                "accuracy": value if metric == "accuracy" else None, "loss": value}  # fmt: skip
+
+    rows = [
+        row("digits-8-r100", low, 0, 0.80), row("digits-8-r100", low, 1, 0.90),
+        row("digits-8-r100", high, 0, 0.84), row("digits-8-r100", high, 1, 0.50),
+        row("digits-8-r100", high, 2, 0.99),  # seed 2: not run by every point
+    ]  # fmt: skip
+    choice = regimes.tuned_choice(rows, cells["digits-8-r100"], grid)
+    assert choice == {"gamma": 1.0, "pull_strength": 0.5}  # 0.85 against 0.67
+    rows[0]["diverged"] = True
+    assert regimes.tuned_choice(rows, cells["digits-8-r100"], grid)["gamma"] == 3.0
+    quad = [row("quad-2x2", low, 0, 0.2), row("quad-2x2", high, 0, 0.1)]
+    assert regimes.tuned_choice(quad, cells["quad-2x2"], grid)["gamma"] == 3.0  # the lower loss
+    assert regimes.tuned_choice(quad[:1], cells["quad-2x2"], grid) is None
+
+    class Args:
+        no_baselines, candidates, sweep, split = True, "", True, "test"
+
+    with pytest.raises(ValueError, match="validation"):
+        regimes.choose_entries(Args(), {})
+    Args.split = "validation"
+    entries = regimes.choose_entries(Args(), {})
+    assert "cobo" in entries and any(e.startswith(regimes.SWEEP) for e in entries)
+    assert "local" not in entries
+    Args.sweep, Args.tuned = False, True
+    with pytest.raises(ValueError, match="test split"):
+        regimes.tuned_jobs([cells["quad-2x2"]], Args(), {})
+    tuned = [{**r, "entry": "tuned", "overrides": {"gamma": 3.0}} for r in quad]
+    assert report.tuned_points(tuned) == (
+        "`tuned`, the sweep point best on each cell's validation split: quad-2x2 gamma 3.0."
+    )

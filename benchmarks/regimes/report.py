@@ -272,6 +272,16 @@ def plot_scaling(table: dict, entries: list[str], path: Path, min_clients: int =
 START, END = "<!-- regimes:start -->", "<!-- regimes:end -->"
 
 
+def tuned_points(rows: list[dict]) -> str:
+    """Which sweep point each cell's ``tuned`` entry ran (its last rows')."""
+    chosen = {r["cell"]: r["overrides"] for r in rows if r["entry"] == "tuned"}
+    ids = [c["id"] for c in load_cells() if c["id"] in chosen]
+    points = "; ".join(
+        f"{cell} " + ", ".join(f"{k} {v}" for k, v in chosen[cell].items()) for cell in ids
+    )
+    return f"`tuned`, the sweep point best on each cell's validation split: {points}."
+
+
 def write_block(path: Path, text: str) -> None:
     """Put ``text`` between the regimes markers of ``path`` (appended if absent)."""
     old = path.read_text() if path.is_file() else ""
@@ -299,7 +309,10 @@ def main() -> int:
     entries = (
         args.entries.split(",")
         if args.entries
-        else sorted({e for t in table.values() for e in t} - {"local", "oracle"})
+        else sorted(
+            {e for t in table.values() for e in t if not e.startswith(_run.SWEEP)}
+            - {"local", "oracle"}
+        )
     )
     lines = [markdown(table, entries), ""]
     for e in entries:
@@ -312,6 +325,8 @@ def main() -> int:
             f"{', '.join(v['mass_below_0.9']) or 'none'}; diverged: "
             f"{', '.join(v['diverged']) or 'none'}"
         )
+    if "tuned" in entries:
+        lines += ["", tuned_points(rows)]
     lines += [
         "",
         "**CoBo's defaults against n** (the cross-device cells; seconds per round are each "
