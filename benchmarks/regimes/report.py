@@ -296,7 +296,7 @@ def write_block(path: Path, text: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=REPO / "runs" / "regimes")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--split", choices=["test", "validation"], default="test")
     ap.add_argument("--entries", default="", help="columns (default: every CoBo entry)")
     ap.add_argument("--write", type=Path, default=None, help="put the table in this file")

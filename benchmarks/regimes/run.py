@@ -368,7 +368,7 @@ def main() -> int:
     ap.add_argument(
         "--threads", type=int, default=None, help="torch threads per job (default: cores / jobs)"
     )
-    ap.add_argument("--out", type=Path, default=REPO / "runs" / "regimes")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument(
         "--device", default="cpu", help="engine.device of every run (cuda: the GPU cells too)"
     )
