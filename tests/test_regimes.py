@@ -151,6 +151,11 @@ def test_an_entry_on_fewer_seeds_is_measured_against_the_same_seeds():
     ]
     cobo = report.summarize(rows)["digits-8-r100"]["cobo"]
     assert cobo["gap"] == pytest.approx(0.5)  # (0.85 - 0.80) / (0.90 - 0.80), seed 0 only
+    # and an entry whose baselines ran on fewer seeds: its gap over theirs only
+    no_oracle_1 = [r for r in rows if not (r["entry"] == "oracle" and r["seed"] == 1)]
+    rows = [*no_oracle_1, {**row, "entry": "cobo", "seed": 1, "accuracy": 0.99}]
+    cobo = report.summarize(rows)["digits-8-r100"]["cobo"]
+    assert cobo["gap"] == pytest.approx(0.5) and cobo["score"] == pytest.approx(0.92)
 
 
 def test_the_quadratic_validates_on_other_problems():

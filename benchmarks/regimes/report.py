@@ -67,14 +67,18 @@ def summarize(rows: list[dict]) -> dict:
         table[cell] = {}
         for e, rs in entries.items():
             s = score[e]
-            # the baselines over the seeds this entry ran (an entry run on fewer seeds
-            # is measured against the same ones)
+            # over the seeds this entry and both baselines ran (an entry run on fewer
+            # seeds is measured against the same ones, and so is one whose baselines
+            # ran on fewer)
             seeds = {r["seed"] for r in rs}
+            for base in ("local", "oracle"):
+                seeds &= {r["seed"] for r in entries.get(base, [])}
             local = _seed_mean(entries.get("local", []), seeds, key)
             oracle = _seed_mean(entries.get("oracle", []), seeds, key)
+            mine = _seed_mean(rs, seeds, key)
             gap = None
-            if None not in (s, local, oracle) and oracle != local:
-                gap = (s - local) / (oracle - local)
+            if None not in (mine, local, oracle) and oracle != local:
+                gap = (mine - local) / (oracle - local)
             table[cell][e] = {
                 "score": s,
                 "gap": gap,
