@@ -13,12 +13,14 @@
 #   PYTHONPATH=/tmp/site:$PWD OUT=$OUT DATA=.dev/fashion-mnist benchmarks/regimes/gpu.sh
 # (three such calls of 150-210 s each gave the GPU rows of FIDELITY.md on an H200)
 # Results: $OUT/{test,validation}.jsonl (run.py's rows), $OUT/gpu_regimes.log.
-# CANDIDATES: named candidates (candidates.yaml) for the validation split, comma-separated.
+# CANDIDATES: named candidates (candidates.yaml) for the validation split, comma-separated;
+# VSEEDS: the validation split's seeds (default 0), comma-separated.
 set -u
 OUT=${OUT:-gpu_regimes}
 DATA=${DATA:?the folder with Fashion-MNIST\'s idx files}
 LIMIT=${LIMIT:-520}  # seconds for every run.py call
 CANDIDATES=${CANDIDATES:-}
+VSEEDS=${VSEEDS:-0}
 export PYTHONUNBUFFERED=1
 here=$(dirname "$0")
 WORK=$(mktemp -d)  # run.py's folders; only the merged rows and one log go to $OUT
@@ -33,8 +35,8 @@ go() {  # name, then run.py's arguments
 }
 go r5000 --split test --cells fmnist-800-r5000 --seeds 0 --jobs 3
 go n1600 --split test --cells fmnist-1600-r2000 --seeds 0 --jobs 3
-go val800 --split validation --cells fmnist-800-r1000 --seeds 0 --jobs 3
-[ -n "$CANDIDATES" ] && go cand800 --split validation --cells fmnist-800-r1000 --seeds 0 \
+go val800 --split validation --cells fmnist-800-r1000 --seeds "$VSEEDS" --jobs 3
+[ -n "$CANDIDATES" ] && go cand800 --split validation --cells fmnist-800-r1000 --seeds "$VSEEDS" \
   --no-baselines --candidates "$CANDIDATES" --jobs "$(echo "$CANDIDATES" | tr ',' '\n' | wc -l)"
 wait
 # one results file per split, beside the logs
