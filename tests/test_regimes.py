@@ -211,7 +211,7 @@ def test_the_tuned_entry_is_the_best_sweep_point_on_validation():
     assert "local" not in entries
     Args.sweep, Args.tuned = False, True
     with pytest.raises(ValueError, match="test split"):
-        regimes.tuned_jobs([cells["quad-2x2"]], Args(), {})
+        regimes.tuned_jobs([cells["quad-2x2"]], Args(), [0], {})
     tuned = [{**r, "entry": "tuned", "overrides": {"gamma": 3.0}} for r in quad]
     assert report.tuned_points(tuned) == (
         "`tuned`, the sweep point best on each cell's validation split: quad-2x2 gamma 3.0."

@@ -49,11 +49,16 @@ def load_cells() -> list[dict]:
     return yaml.safe_load((HERE / "cells.yaml").read_text())["cells"]
 
 
-def load_candidates() -> dict[str, dict]:
+def _candidates_file(section: str) -> dict:
+    """One section of candidates.yaml ({} where the file or the section is absent)."""
     path = HERE / "candidates.yaml"
     if not path.is_file():
         return {}
-    return yaml.safe_load(path.read_text()).get("candidates") or {}
+    return (yaml.safe_load(path.read_text()) or {}).get(section) or {}
+
+
+def load_candidates() -> dict[str, dict]:
+    return _candidates_file("candidates")
 
 
 SWEEP = "sweep:"  # the prefix of a sweep point's entry name
@@ -61,10 +66,7 @@ SWEEP = "sweep:"  # the prefix of a sweep point's entry name
 
 def load_sweep() -> dict[str, list]:
     """The grid of the tuned ceiling (candidates.yaml's ``sweep``: key -> values)."""
-    path = HERE / "candidates.yaml"
-    if not path.is_file():
-        return {}
-    return yaml.safe_load(path.read_text()).get("sweep") or {}
+    return _candidates_file("sweep")
 
 
 def sweep_entries(grid: dict[str, list]) -> dict[str, tuple[str, dict]]:
@@ -316,13 +318,14 @@ def choose_entries(args, known: dict[str, dict]) -> dict[str, tuple[str, dict]]:
     if args.sweep:
         if args.split != "validation":
             raise ValueError("--sweep runs on the validation split (--split validation)")
-        if not load_sweep():
+        grid = load_sweep()
+        if not grid:
             raise ValueError("--sweep: candidates.yaml has no sweep grid")
-        entries.update(sweep_entries(load_sweep()))
+        entries.update(sweep_entries(grid))
     return entries
 
 
-def tuned_jobs(cells: list[dict], args, done: dict) -> list[dict]:
+def tuned_jobs(cells: list[dict], args, seeds: list[int], done: dict) -> list[dict]:
     """--tuned: per cell, the sweep point that scored best on the validation split
     (OUT/validation/results.jsonl), run as the entry ``tuned``; ValueError where no
     cell has a complete sweep there."""
@@ -337,7 +340,7 @@ def tuned_jobs(cells: list[dict], args, done: dict) -> list[dict]:
             missing.append(cell["id"])
             continue
         jobs += plan_jobs(
-            [cell], {"tuned": ("cobo", over)}, args.seeds_list, "test", done,
+            [cell], {"tuned": ("cobo", over)}, seeds, "test", done,
             device=args.device, data_root=args.data_root,
         )  # fmt: skip
     if missing and len(missing) == len(cells):
@@ -379,7 +382,7 @@ def main() -> int:
     except KeyError as err:
         print(f"error: --cells: no cell {err.args[0]}", file=sys.stderr)
         return 2
-    args.seeds_list = (
+    seeds = (
         [int(s) for s in args.seeds.split(",")]
         if args.seeds
         else ([0] if args.quick else [0, 1, 2])
@@ -393,11 +396,11 @@ def main() -> int:
     try:
         entries = choose_entries(args, load_candidates())
         jobs = plan_jobs(
-            cells, entries, args.seeds_list, args.split, done,
+            cells, entries, seeds, args.split, done,
             device=args.device, data_root=args.data_root,
         )  # fmt: skip
         if args.tuned:
-            jobs += tuned_jobs(cells, args, done)
+            jobs += tuned_jobs(cells, args, seeds, done)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
