@@ -128,6 +128,12 @@ def test_a_row_counts_only_for_the_settings_it_ran():
     assert planned({}) == ["cobo", "no-recheck"]
     assert planned({key: now, other: None}) == []  # the same settings, or none recorded
     assert planned({key: {**now, "pull_at": "current"}, other: None}) == ["cobo"]
+    # a key added since, null while off, leaves a row that did not record it valid; set,
+    # it does not
+    assert now["recheck_unsettled"] is None
+    before = {k: v for k, v in now.items() if k != "recheck_unsettled"}
+    assert planned({key: before, other: None}) == []
+    assert planned({key: {**now, "recheck_unsettled": 0.08}, other: None}) == ["cobo"]
     first = {"cell": "quad-2x2", "entry": "cobo", "seed": 0, "loss": 1.0, "diverged": False}
     rows = [
         {**first, "entry": "local", "loss": 2.0},

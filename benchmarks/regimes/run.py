@@ -182,6 +182,17 @@ def entry_settings(method: str, overrides: dict) -> dict:
     return validate({"algorithm": algorithm}).pinned().to_dict()["algorithm"]
 
 
+def same_settings(ran: dict | None, now: dict) -> bool:
+    """Whether a row that ran ``ran`` (None: written before rows recorded settings)
+    counts as an entry's run with ``now``: the same values, a null key the same as an
+    absent one (a key added since, null while off, leaves the rows before it valid)."""
+    if ran is None:
+        return True
+    return {k: v for k, v in ran.items() if v is not None} == {
+        k: v for k, v in now.items() if v is not None
+    }
+
+
 def run_one(job: dict) -> dict:
     """One run (in a worker process); -> its result line."""
     from raycobo import api
@@ -240,7 +251,7 @@ def plan_jobs(
         for entry, (method, overrides) in entries.items():
             for seed in seeds:
                 key = (cell["id"], entry, seed, split)
-                if key in done and done[key] in (None, now[entry]):
+                if key in done and same_settings(done[key], now[entry]):
                     continue
                 jobs.append(
                     dict(

@@ -94,6 +94,7 @@ ONLY_WITH: dict[str, dict[str, str]] = {
     "pull_threshold": {"domain": "box"},
     "initial_weight": {"domain": "box"},
     "recheck": {"domain": "box"},
+    "recheck_unsettled": {"domain": "box"},
     "pull_strength": {"pull": "mean", "rho": "auto", "domain": "box"},
 }
 
@@ -210,6 +211,14 @@ class CoBoConfig(MethodConfig):
         "where the sampling strategy's own p_t is lower), so that a pair that one early "
         "sample made a collaborator is measured again" + _by_rule("recheck"),
     )
+    recheck_unsettled: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="box domain, with recheck: the rate of the pulled pairs whose w_ij is "
+        "still inside the box (below 1: not yet settled by consistent scores); those at 1 "
+        "keep recheck's rate (null: recheck's for all)",
+    )
     weights: Literal["auto", "dense", "sparse"] = Field(
         default="auto",
         description="W storage: dense n x n, or (box) W^0 + the sampled entries; auto: sparse "
@@ -242,7 +251,14 @@ class CoBoConfig(MethodConfig):
         "first and W at the new models' midpoints (authors' code)",
     )
 
-    @field_validator("cosine_floor", "pull_threshold", "initial_weight", "pull_strength", "recheck")
+    @field_validator(
+        "cosine_floor",
+        "pull_threshold",
+        "initial_weight",
+        "pull_strength",
+        "recheck",
+        "recheck_unsettled",
+    )
     @classmethod
     def _applies(cls, value: float | None, info: ValidationInfo) -> float | None:
         """A key of ``ONLY_WITH`` set where it would do nothing is refused."""
@@ -255,6 +271,14 @@ class CoBoConfig(MethodConfig):
                 f"applies to {field}: {wanted}, not {have} (it would do nothing): drop it"
                 + (f", or set algorithm.{field}={wanted}" if field != "domain" else "")
             )
+        if info.field_name == "recheck_unsettled":
+            rule = info.data.get("rule", "raycobo")
+            base = info.data.get("recheck")
+            if not (RULES[rule]["recheck"] if base is None else base):
+                raise ValueError(
+                    "applies with algorithm.recheck > 0, not 0 (it would do nothing): "
+                    "drop it, or set algorithm.recheck"
+                )
         return value
 
     def effective(self) -> dict:
@@ -763,45 +787,61 @@ class CoBo:
         if ids is not None:
             edges = members[edges]  # global ids, still i < j
         if W is not None:
-            edges = self.with_rechecks(edges, W, active, t, self.recheck_rate(t, n))
+            edges = self.with_rechecks(edges, W, active, t, n)
         return edges, members
 
-    def recheck_rate(self, t: int, n: int) -> float:
+    def recheck_rate(self, t: int, n: int, unsettled: bool = False) -> float:
         """The probability that a pulled pair is drawn again in round t besides the
-        sampler's own draw (p_t among n present clients): (recheck - p_t) / (1 - p_t),
-        so that it is sampled with probability ``recheck`` in all; 0 where p_t is
-        already at least that, and without recheck (or off the box domain)."""
-        if self.cfg.domain != "box" or not self.cfg.recheck:
+        sampler's own draw (p_t among n present clients): (r - p_t) / (1 - p_t), so that
+        it is sampled with probability r = ``recheck`` in all (``recheck_unsettled`` for
+        a pair whose w_ij is below 1, where set); 0 where p_t is already at least r,
+        and without recheck (or off the box domain)."""
+        c = self.cfg
+        if c.domain != "box" or not c.recheck:
             return 0.0
+        r = c.recheck_unsettled if unsettled and c.recheck_unsettled is not None else c.recheck
         p = self.sampler(n).probability(t)
-        return max(0.0, (self.cfg.recheck - p) / (1.0 - p)) if p < 1 else 0.0
+        return max(0.0, (r - p) / (1.0 - p)) if p < 1 else 0.0
 
     def samples_from_w(self, t: int, n: int) -> bool:
         """Whether round t's pairs among n present clients depend on W^t (``recheck``
         above the sampler's own rate): an engine must then sample round t only once
         round t - 1's W is known."""
-        return self.recheck_rate(t, n) > 0
+        return max(self.recheck_rate(t, n), self.recheck_rate(t, n, unsettled=True)) > 0
 
     def with_rechecks(
-        self, edges: torch.Tensor, W, active: torch.Tensor | None, t: int, rate: float
+        self, edges: torch.Tensor, W, active: torch.Tensor | None, t: int, n: int
     ) -> torch.Tensor:
-        """``edges`` and, each with probability ``rate`` (seeded by (seed, round)), the
-        pairs the pull reads in W^t: a pair that one early sample (say, while the models
-        still shared x^0) made a collaborator is measured again, and Eq. (1) takes it
-        back out if it is not aligned. -> (E', 2), i < j, sorted, distinct"""
-        if rate <= 0:
+        """``edges`` and, each with probability ``recheck_rate`` (seeded by (seed,
+        round)), the pairs the pull reads in W^t: a pair that one early sample (say,
+        while the models still shared x^0) made a collaborator is measured again, and
+        Eq. (1) takes it back out if it is not aligned. -> (E', 2), i < j, sorted,
+        distinct"""
+        rate = self.recheck_rate(t, n)
+        loose = self.recheck_rate(t, n, unsettled=True)
+        if max(rate, loose) <= 0:
             return edges
-        n = W.shape[0]
+        size = W.shape[0]
         pairs = pulled_pairs(W, self.threshold(), active).cpu()
         if pairs.numel() == 0:
             return edges
         gen = rng.generator(self.seed, rng.RECHECK, t)
-        chosen = pairs[torch.rand(pairs.shape[0], generator=gen) < rate]
+        draw = torch.rand(pairs.shape[0], generator=gen)
+        if loose != rate:  # the pairs whose weight is still inside the box
+            w = W.get(pairs[:, 0], pairs[:, 1]) if isinstance(W, SparseBoxWeights) else None
+            w = W[pairs[:, 0], pairs[:, 1]] if w is None else w
+            rates = torch.where(w.cpu() < 1, loose, rate)
+            chosen = pairs[draw < rates]
+        else:
+            chosen = pairs[draw < rate]
         keys = torch.cat(
-            [edges[:, 0] * n + edges[:, 1], (chosen[:, 0] * n + chosen[:, 1]).to(edges.device)]
+            [
+                edges[:, 0] * size + edges[:, 1],
+                (chosen[:, 0] * size + chosen[:, 1]).to(edges.device),
+            ]
         )
         keys = torch.unique(keys)  # sorted: the order of the sampler's own edges
-        return torch.stack([keys // n, keys % n], dim=1)
+        return torch.stack([keys // size, keys % size], dim=1)
 
     def plan(
         self, state: CoBoState, t: int, ops: ClientOps, with_models: bool = False

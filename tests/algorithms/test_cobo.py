@@ -683,6 +683,38 @@ def test_recheck_resamples_the_pulled_pairs_dense_and_sparse():
         pulled_pairs(SparseBoxWeights.initial(n, 1.0), 0.5)
 
 
+def test_recheck_unsettled_resamples_the_pulled_pairs_still_inside_the_box():
+    """recheck_unsettled: a pulled pair whose w_ij is below 1 is re-sampled at that
+    rate, one at 1 (its scores pushed it to the box's edge) at recheck's; dense and
+    sparse W give the same pairs; the key needs the box domain and recheck > 0."""
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+    from raycobo.config import ConfigError, load_config
+
+    n = 12
+    edges = torch.tensor([[0, 1], [1, 6], [2, 3], [4, 6], [7, 9]])
+    scores = torch.tensor([1.4, 0.7, 1.0, -0.5, 0.55])  # w: 1, 0.7, 1, 0, 0.55
+    sparse = update_weights(SparseBoxWeights.initial(n, 0.0), edges, scores, 1.0, "box")
+
+    def sampled(W, t=3, **keys):
+        algo = CoBo(CoBoConfig(sampling_c=1.0, **keys), rounds=50, seed=0)
+        return {tuple(e) for e in algo.sample_edges(None, t, n, W=W)[0].tolist()}
+
+    plain = sampled(None)
+    inside = {(1, 6), (7, 9)}
+    for W in (sparse, sparse.to_dense()):
+        # recheck below the sampler's p = 1/12 adds nothing; the unsettled pairs all
+        assert sampled(W, recheck=0.01) == plain
+        assert sampled(W, recheck=0.01, recheck_unsettled=1.0) == plain | inside
+        assert sampled(W, recheck=1.0, recheck_unsettled=0.01) == plain | {(0, 1), (2, 3)}
+    assert CoBo(CoBoConfig(recheck=0.01, recheck_unsettled=0.5), 10, 0).samples_from_w(0, 12)
+    assert not CoBo(CoBoConfig(recheck=0.01), 10, 0).samples_from_w(0, 12)
+    for keys in (["algorithm.recheck=0"], ["algorithm.rule=paper"]):
+        with pytest.raises(ConfigError, match="algorithm.recheck_unsettled.*recheck > 0"):
+            load_config(None, [*keys, "algorithm.recheck_unsettled=0.1"])
+    with pytest.raises(ConfigError, match="algorithm.recheck_unsettled.*domain"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.recheck_unsettled=0.1"])
+
+
 def test_recheck_is_a_box_domain_key_and_old_runs_ran_without_it(tmp_path):
     """rule raycobo re-samples pulled pairs, the paper's rule does not; a simplex W is
     refused the key; a stored config from before it resumes without re-sampling."""
