@@ -11,7 +11,6 @@ import torch
 from raycobo.algorithms.base import Elastic, Evaluation
 from raycobo.config import Config
 from raycobo.engine.ray.coordinator import CoordinatorImpl
-from raycobo.engine.ray.host import ClientHostImpl
 from raycobo.engine.ray.layout import (
     host_layout,
     instance_resources,
@@ -21,43 +20,42 @@ from raycobo.engine.ray.layout import (
     wait_for_hosts,
     with_host_plan,
 )
-from raycobo.engine.ray.policies import RoundMode, round_mode
+from raycobo.engine.ray.policies import Schedule, schedule_for
 
 
-def place_hosts(cfg: Config, layout: list[list[int]], n: int, parts: list, mode: RoundMode) -> list:
-    """One host actor per block of ``layout``; ``parts``: each host's data in the object
-    store, attached once the host stands (empty: the hosts load the data set
-    themselves). -> the hosts, with their ``attach`` calls queued before any other"""
+def place_hosts(
+    cfg: Config, layout: list[list[int]], n: int, parts: list, schedule: Schedule
+) -> tuple[list, list]:
+    """One host actor per block of ``layout``, of the schedule's host class; ``parts``:
+    each host's data in the object store, attached once the host stands (empty: the hosts
+    load the data set themselves). -> (the hosts, the calls whose answers say each host
+    stands with its data: to wait for before any other call, since a host that takes two
+    calls at once, as a stale schedule's do, need not run them in order)"""
     import ray
 
     e = cfg.engine
-    if mode == "resident":
-        from raycobo.engine.ray.resident_host import ResidentHostImpl
-
-        Host = ray.remote(ResidentHostImpl)
-    else:
-        Host = ray.remote(ClientHostImpl)
+    Host = ray.remote(schedule.host_impl())
     cfg_dict = cfg.to_dict()
     plugins = plugin_options(cfg)  # Ray may have been started without the plugins
-    hosts = []
+    hosts, ready = [], []
     for h, block in enumerate(layout):
         slow = e.slow_seconds if h in e.slow_hosts else 0.0
         hosts.append(
             Host.options(
-                # a second thread lets a host take the step while alignment runs
-                max_concurrency=2 if mode == "stale" else 1,
+                **schedule.actor_options(),
                 num_cpus=e.cpus_per_actor,
                 num_gpus=e.gpus_per_client * len(block),
                 max_restarts=e.max_restarts if e.on_failure == "restart" else 0,
                 **plugins,
             ).remote(cfg_dict, block, slow, n, bool(parts))
         )
-        if parts:  # Ray runs an actor's calls in order: this one before any other
-            hosts[-1].attach.remote(parts[h])
-    return hosts
+        ready.append(hosts[-1].attach.remote(parts[h]) if parts else hosts[-1].info.remote())
+    return hosts, ready
 
 
-def place_coordinator(cfg: Config, hosts: list, layout: list[list[int]], parts: list):
+def place_coordinator(
+    cfg: Config, hosts: list, layout: list[list[int]], parts: list, schedule: Schedule
+):
     """The coordinator on the driver's node (not soft: Ray's soft affinity was seen to
     place it elsewhere), so a run outlives the loss of any other node. Its math (W
     updates, penalties) is light next to the hosts' passes: it reserves no CPU."""
@@ -69,7 +67,7 @@ def place_coordinator(cfg: Config, hosts: list, layout: list[list[int]], parts: 
     options = {"num_cpus": 0, "scheduling_strategy": here, **plugin_options(cfg)}
     # ``parts``: the hosts' data, attached again to a host Ray restarted (the coordinator
     # itself is not restarted, so references among its arguments are safe with Ray)
-    return Coord.options(**options).remote(cfg.to_dict(), hosts, layout, parts)
+    return Coord.options(**options).remote(cfg.to_dict(), hosts, layout, parts, schedule)
 
 
 class RaySession:
@@ -84,7 +82,7 @@ class RaySession:
 
         # the coordinator holds the algorithm; the driver asks its own copy what it can do
         algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
-        mode = round_mode(cfg, algo)
+        schedule = schedule_for(cfg, algo)
         start_ray(cfg)
         total, node_max = instance_resources()
         fixed = cfg.engine.address is None
@@ -94,11 +92,13 @@ class RaySession:
         # one load in the driver, one object per host; held here for as long as the run
         # lasts, so that a host Ray restarts (on any node) finds its data again
         self._host_data = [] if data is None else [ray.put(data.subset(b)) for b in self.layout]
-        self.hosts = place_hosts(cfg, self.layout, n_clients, self._host_data, mode)
+        self.hosts, ready = place_hosts(cfg, self.layout, n_clients, self._host_data, schedule)
         self.coordinator = None
         try:  # every host placed and its data loaded, or one line saying what is missing
-            wait_for_hosts([h.info.remote() for h in self.hosts], self.plan, cfg.engine)
-            self.coordinator = place_coordinator(cfg, self.hosts, self.layout, self._host_data)
+            wait_for_hosts(ready, self.plan, cfg.engine)
+            self.coordinator = place_coordinator(
+                cfg, self.hosts, self.layout, self._host_data, schedule
+            )
             info = self._get(self.coordinator.describe.remote())
         except BaseException:
             self.close()
