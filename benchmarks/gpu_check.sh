@@ -54,11 +54,11 @@ fi
 if want 4 && [ "$RAY" = 1 ]; then
   # 16 cores: 8 resident hosts x 2 threads, CNN, 80 clients, against the local engine
   timeout 130 "$PY" -m raycobo bench ray --model cnn --clients 80 --per-actor 10 \
-    --resident both --host-threads 2 --threads 16 --rounds 5 --out "$OUT" "${FMNIST[@]}" \
+    --schedule sync,resident --host-threads 2 --threads 16 --rounds 5 --out "$OUT" "${FMNIST[@]}" \
     2>&1 | tee "$OUT/ray.log"
   # one GPU: 4 hosts x 0.25 of it (80 clients x 1/80) against the local engine on CUDA
   timeout 90 "$PY" -m raycobo bench ray --model cnn --clients 80 --per-actor 20 \
-    --resident both --device cuda --gpus-per-client 0.0125 --rounds 5 "${FMNIST[@]}" \
+    --schedule sync,resident --device cuda --gpus-per-client 0.0125 --rounds 5 "${FMNIST[@]}" \
     2>&1 | tee -a "$OUT/ray.log"
 fi
 exit 0

@@ -603,8 +603,10 @@ def bench_ray_cmd(
     per_actor: Annotated[str, typer.Option(help="clients per host actor")] = "8,40",
     rounds: Annotated[int, typer.Option(help="timed rounds per measurement")] = 10,
     slow: Annotated[float, typer.Option(help="extra seconds per gradient on host 1")] = 0.0,
-    staleness: Annotated[str, typer.Option(help="comma-separated engine.staleness")] = "0",
-    resident: Annotated[str, typer.Option(help="no, yes or both (engine.resident)")] = "both",
+    schedule: Annotated[
+        str, typer.Option(help="comma-separated engine.rounds: sync, stale, resident")
+    ] = "sync,resident",
+    staleness: Annotated[int, typer.Option(help="engine.staleness of the stale rows")] = 1,
     threads: Threads = None,
     gpus_per_client: Annotated[
         float, typer.Option(help="engine.gpus_per_client of the Ray hosts")
@@ -626,18 +628,15 @@ def bench_ray_cmd(
         from raycobo.bench import bench_ray
 
         _set_threads(threads)
-        modes = {"no": [False], "yes": [True], "both": [False, True]}
-        if resident not in modes:
-            raise ConfigError(f"--resident must be no, yes or both, got '{resident}'")
         bench_ray(
             _int_list(clients, "--clients"),
             _int_list(per_actor, "--per-actor"),
             rounds,
             slow,
-            _int_list(staleness, "--staleness"),
+            staleness,
             out,
             echo=typer.echo,
-            resident=modes[resident],
+            schedules=_choices(schedule, "--schedule", ("sync", "stale", "resident")),
             gpus_per_client=gpus_per_client,
             device=device,
             data_root=data_root,

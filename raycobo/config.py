@@ -178,11 +178,39 @@ class EngineConfig(_Section):
     on_failure: Literal["restart", "drop"] = "restart"
     slow_hosts: list[int] = Field(default_factory=list, description="hosts to slow down")
     slow_seconds: float = Field(default=0.0, ge=0, description="extra seconds per gradient")
-    # CoBo on ray: rounds an alignment result may arrive late (0: every round waits)
-    staleness: int = Field(default=0, ge=0)
-    # CoBo on ray: models live in the hosts; only W rows, indices and scores cross the
-    # coordinator, models go host to host through the object store
-    resident: bool = False
+    # how the Ray engine schedules a round (resolved once, raycobo.engine.ray.policies):
+    # sync (each round waits for its answers), stale (results a method may apply late --
+    # CoBo's alignment -- arrive up to engine.staleness rounds late), resident (the hosts
+    # keep their clients' models and W rows; only W rows, indices and scores cross the
+    # coordinator, models go host to host through the object store)
+    rounds: Literal["sync", "stale", "resident"] = "sync"
+    staleness: int | None = Field(
+        default=None,
+        ge=0,
+        description="rounds: stale: rounds a late result may lag (0: each waits, as sync; null: 1)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "resident" in data:
+            raise ValueError(
+                "resident: replaced by engine.rounds (set engine.rounds=resident, or sync)"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _staleness_when_stale(self) -> EngineConfig:
+        if self.staleness is not None and self.rounds != "stale":
+            raise ValueError(
+                f"staleness: applies to engine.rounds=stale, not {self.rounds} (it would do "
+                "nothing): drop it, or set engine.rounds=stale"
+            )
+        return self
+
+    def late_rounds(self) -> int:
+        """The rounds a late result may lag under ``rounds: stale``."""
+        return 1 if self.staleness is None else self.staleness
 
 
 class TrackingConfig(_Section):
@@ -499,9 +527,23 @@ COBO_ADDED_LATER = {
 }
 
 
+def _engine_rounds_before(engine: Any) -> None:
+    """An engine section written before ``engine.rounds`` (2026-11-28): ``resident``
+    true ran resident rounds, ``staleness`` above 0 stale ones, else synchronous."""
+    if not isinstance(engine, dict) or "rounds" in engine:
+        return
+    resident = engine.pop("resident", False)
+    lag = engine.pop("staleness", 0) or 0
+    if resident:
+        engine["rounds"] = "resident"
+    elif lag:
+        engine.update(rounds="stale", staleness=lag)
+
+
 def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:
     """A config tree that raycobo wrote, read as the version that wrote it ran it (see
     ``load_stored_config``); also applied to the config a checkpoint recorded."""
+    _engine_rounds_before(tree.get("engine"))
     section = tree.get("algorithm")
     if isinstance(section, dict) and section.get("name", "cobo") in METHODS:
         own = method(section.get("name", "cobo")).settings.model_fields

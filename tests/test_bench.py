@@ -67,23 +67,23 @@ def test_bench_ray_writes_its_rows(tmp_path):
         "2",
         "--rounds",
         "1",
-        "--staleness",
-        "0,1",
+        "--schedule",
+        "sync,resident,stale",
         "--slow",
         "0.001",
         "--out",
         str(tmp_path),
-    ]  # resident both: (0, no), (0, yes), (1, no); resident rounds are synchronous
+    ]
     try:
         res = CliRunner().invoke(app, args)
     finally:
         ray.shutdown()
     assert res.exit_code == 0, res.output
     rows = list(csv.DictReader((tmp_path / "bench_ray.csv").open()))
-    assert [(r["hosts"], r["staleness"], r["resident"]) for r in rows] == [
-        ("2", "0", "False"),
-        ("2", "0", "True"),
-        ("2", "1", "False"),
+    assert [(r["hosts"], r["schedule"], r["staleness"]) for r in rows] == [
+        ("2", "sync", "0"),
+        ("2", "resident", "0"),
+        ("2", "stale", "1"),
     ]
     assert all(float(r["ray_ms"]) > 0 and float(r["local_ms"]) > 0 for r in rows)
 

@@ -73,9 +73,16 @@ def test_no_function_over_60_lines():
 
 
 def test_engine_modes_are_objects_not_flags():
-    """The Ray coordinator's round policies are chosen once, not tested per call."""
+    """The Ray engine's round schedule is resolved once (the driver's session: hosts,
+    then the coordinator's policy from the same object), not tested per call."""
     text = "\n".join(p.read_text() for p in (PKG / "engine").rglob("*.py"))
-    assert "if self.resident" not in text
+    assert "if self.resident" not in text and "e.resident" not in text
+    calls = [
+        p.relative_to(PKG).as_posix()
+        for p in (PKG / "engine").rglob("*.py")
+        for _ in range(p.read_text().count("schedule_for("))
+    ]
+    assert sorted(calls) == ["engine/ray/policies.py", "engine/ray/session.py"]
     assert "hasattr(" not in text and "__wrapped__" not in text
 
 

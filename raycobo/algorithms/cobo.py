@@ -95,6 +95,7 @@ ONLY_WITH: dict[str, dict[str, str]] = {
     "initial_weight": {"domain": "box"},
     "recheck": {"domain": "box"},
     "recheck_unsettled": {"domain": "box"},
+    "hold": {"domain": "box"},
     "pull_strength": {"pull": "mean", "rho": "auto", "domain": "box"},
 }
 
@@ -219,6 +220,14 @@ class CoBoConfig(MethodConfig):
         "still inside the box (below 1: not yet settled by consistent scores); those at 1 "
         "keep recheck's rate (null: recheck's for all)",
     )
+    hold: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="box domain: the score of a pair the pull reads is raised by this in "
+        "Eq. (1) (hysteresis: a collaborator is dropped on evidence that it is not aligned, "
+        "not on re-samples whose scores lie about 0; null: 0)",
+    )
     weights: Literal["auto", "dense", "sparse"] = Field(
         default="auto",
         description="W storage: dense n x n, or (box) W^0 + the sampled entries; auto: sparse "
@@ -258,6 +267,7 @@ class CoBoConfig(MethodConfig):
         "pull_strength",
         "recheck",
         "recheck_unsettled",
+        "hold",
     )
     @classmethod
     def _applies(cls, value: float | None, info: ValidationInfo) -> float | None:
@@ -353,20 +363,26 @@ def initial_weights(
 
 @dataclass(frozen=True)
 class WStep:
-    """Eq. (1)'s step size in one round: ``gamma``, and ``pulled`` for the pairs the pull
+    """Eq. (1)'s step in one round: ``gamma``, and ``pulled`` for the pairs the pull
     reads (w_ij >= ``cut``; > 0 with no cut), which ``recheck`` samples more often than
-    the sampler does (``CoBo.w_step``); None: ``gamma`` for every pair."""
+    the sampler does (``CoBo.w_step``), their scores raised by ``hold``; ``pulled``
+    None: ``gamma`` for every pair."""
 
     gamma: float
     pulled: float | None = None
     cut: float = 0.0
+    hold: float = 0.0
 
-    def of(self, current: torch.Tensor) -> torch.Tensor | float:
-        """The step of each sampled pair, from its weight before the step."""
+    def move(self, current: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Each sampled pair's change before the projection, from its weight before the
+        step and its score."""
         if self.pulled is None:
-            return self.gamma
+            return self.gamma * scores
         read = current.ge(self.cut) if self.cut > 0 else current.gt(0)
-        return torch.where(read, current.new_tensor(self.pulled), current.new_tensor(self.gamma))
+        step = torch.where(read, current.new_tensor(self.pulled), current.new_tensor(self.gamma))
+        if self.hold:
+            scores = torch.where(read, scores + self.hold, scores)
+        return step * scores
 
 
 def update_weights(
@@ -380,8 +396,8 @@ def update_weights(
     if isinstance(W, SparseBoxWeights):
         i, j = edges[:, 0], edges[:, 1]
         current = W.get(i, j)
-        step = _w_step(gamma).of(current)
-        return W.update(i, j, project_box(current + step * scores.to(W.vals.dtype)))
+        move = _w_step(gamma).move(current, scores.to(W.vals.dtype))
+        return W.update(i, j, project_box(current + move))
     rows = torch.arange(W.shape[0], device=W.device)
     return update_weight_rows(W, rows, edges, scores, gamma, domain)
 
@@ -409,7 +425,7 @@ def update_weight_rows(
     W = W_rows.clone()
     if domain == "box":  # W stays symmetric: w_ij = w_ji, updated together
         current = torch.where(a, W[pi.clamp_min(0), j], W[pj.clamp_min(0), i])
-        w = project_box(current + gamma.of(current) * scores)
+        w = project_box(current + gamma.move(current, scores))
         W[pi[a], j[a]] = w[a]
         W[pj[b], i[b]] = w[b]
         return W
@@ -686,11 +702,14 @@ class CoBo:
         move their weights as little as a pair sampled that often should."""
         c = self.cfg
         gamma = self.gamma_at(t, n)
+        hold = float(c.hold or 0.0)
         if c.gamma_decay == "none" or c.domain != "box" or not c.recheck:
-            return WStep(gamma)
-        pulled = self.gamma_at(t, n, float(c.recheck))
+            return WStep(gamma, gamma, self.threshold(), hold) if hold else WStep(gamma)
+        pulled = min(gamma, self.gamma_at(t, n, float(c.recheck)))
         # where the sampler's rate was never below recheck, the same step
-        return WStep(gamma) if pulled >= gamma else WStep(gamma, pulled, self.threshold())
+        if pulled >= gamma and not hold:
+            return WStep(gamma)
+        return WStep(gamma, pulled, self.threshold(), hold)
 
     def rows_refusal(self) -> str | None:
         """Why these settings cannot step in rows on hosts (None: they can): a host

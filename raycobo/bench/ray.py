@@ -17,8 +17,8 @@ class RayRow:
     n: int
     clients_per_actor: int
     hosts: int
-    staleness: int
-    resident: bool
+    schedule: str  # engine.rounds
+    staleness: int  # stale: engine.staleness; else 0
     slow_seconds: float
     local_ms: float
     ray_ms: float
@@ -31,7 +31,7 @@ class RayRow:
         share = "-" if self.coordination_share is None else f"{self.coordination_share:.0%}"
         return (
             f"n={self.n:4d} per_actor={self.clients_per_actor:3d} hosts={self.hosts:3d} "
-            f"staleness={self.staleness} resident={'yes' if self.resident else 'no '} "
+            f"rounds={self.schedule:8s} staleness={self.staleness} "
             f"local {self.local_ms:7.1f} ms  ray {self.ray_ms:7.1f} ms  "
             f"coordination {share}  start-up {self.startup_s:.1f} s"
         )
@@ -42,10 +42,10 @@ def bench_ray(
     per_actor: list[int],
     rounds: int = 10,
     slow_seconds: float = 0.0,
-    staleness: list[int] = (0,),
+    staleness: int = 1,
     out: Path | None = None,
     echo=print,
-    resident: list[bool] = (False,),
+    schedules: list[str] = ("sync",),
     gpus_per_client: float = 0.0,
     device: str = "cpu",
     data_root: str | None = None,
@@ -57,7 +57,8 @@ def bench_ray(
     784-64-10 on Fashion-MNIST, or digits when it is missing): median ms per round and
     the coordination share (1 - the slowest host's compute / round time). With
     ``slow_seconds`` host 1 computes that much longer per gradient, to measure bounded
-    staleness (``engine.staleness``). ``gpus_per_client`` > 0 places the hosts on GPU
+    staleness; ``schedules``: the ``engine.rounds`` measured (``staleness``: stale's
+    ``engine.staleness``). ``gpus_per_client`` > 0 places the hosts on GPU
     fractions (they compute on CUDA when Ray gives them a GPU); ``device`` is the local
     engine's."""
     from raycobo.config import load_config
@@ -79,7 +80,7 @@ def bench_ray(
         n_clients = local.n_clients
         local_ms = 1e3 * _time(local.round, rounds)
         del local
-        modes = [(k, s, r) for k in per_actor for s in staleness for r in resident]
+        modes = [(k, m, staleness if m == "stale" else 0) for k in per_actor for m in schedules]
         opts = (rounds, threads, gpus_per_client, slow_seconds, model)
         rows += _on_ray(base, n_clients, local_ms, modes, opts, echo)
     if out is not None:
@@ -105,26 +106,24 @@ def _base(n: int, data: str, fraction: float, data_root, rounds: int, model: str
 
 
 def _on_ray(base, n_clients: int, local_ms: float, modes, opts, echo) -> list[RayRow]:
-    """One row per (clients per actor, staleness, resident) mode of one n on Ray.
+    """One row per (clients per actor, schedule, staleness) mode of one n on Ray.
     ``opts``: (rounds, threads, GPUs per client, slow seconds, model)."""
     from raycobo.config import load_config
 
     rounds, threads, gpus_per_client, slow_seconds, model = opts
     rows = []
-    for k, s, res in modes:
-        if res and s:  # host-resident rounds are synchronous
-            continue
+    for k, mode, s in modes:
         shared = max(1, torch.get_num_threads() // -(-n_clients // k))
         # the hosts share the machine's cores (the local engine uses them all)
-        engine = _engine(k, s, res, threads or shared, gpus_per_client, slow_seconds)
+        engine = _engine(k, mode, s, threads or shared, gpus_per_client, slow_seconds)
         ray_ms, rep, startup = _measure_ray(load_config(None, [*base, *engine]), n_clients, rounds)
         share, lag = rep.get("coordination_share"), rep.get("alignment_lag_mean")
         row = RayRow(
             n_clients,
             k,
             rep["hosts"],
+            mode,
             s,
-            res,
             slow_seconds,
             local_ms,
             ray_ms,
@@ -138,7 +137,7 @@ def _on_ray(base, n_clients: int, local_ms: float, modes, opts, echo) -> list[Ra
     return rows
 
 
-def _engine(k: int, s: int, resident: bool, threads: int, gpus: float, slow: float) -> list[str]:
+def _engine(k: int, mode: str, s: int, threads: int, gpus: float, slow: float) -> list[str]:
     """The Ray engine's overrides of one measured mode."""
     return [
         "engine.kind=ray",
@@ -146,10 +145,10 @@ def _engine(k: int, s: int, resident: bool, threads: int, gpus: float, slow: flo
         "engine.cpus_per_actor=0",
         f"engine.threads={threads}",
         f"engine.gpus_per_client={gpus}",
-        f"engine.staleness={s}",
+        f"engine.rounds={mode}",
+        *([f"engine.staleness={s}"] if mode == "stale" else []),
         "engine.slow_hosts=[1]",
         f"engine.slow_seconds={slow}",
-        f"engine.resident={str(resident).lower()}",
     ]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from raycobo.config import Config, ConfigError, validate, with_overrides
+from raycobo.config import Config, ConfigError, stored_tree, validate, with_overrides
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 from raycobo.tune.console import console_to_log, sampled_values, trial_lines, trial_number
 from raycobo.tune.space import SweepSpec, tune_space
@@ -231,7 +231,7 @@ def resume_sweep(root: Path, trust_files: bool = False) -> dict[str, Any]:
     if not trust_files:
         check_tune_files(root)
     record = yaml.safe_load((root / SWEEP_FILE).read_text())
-    spec, base = SweepSpec.model_validate(record["spec"]), validate(record["base"])
+    spec, base = SweepSpec.model_validate(record["spec"]), validate(stored_tree(record["base"]))
     return _launch(spec, base, root, record["name"], record["num_samples"], True)
 
 

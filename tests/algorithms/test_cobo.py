@@ -715,6 +715,36 @@ def test_recheck_unsettled_resamples_the_pulled_pairs_still_inside_the_box():
         load_config(None, ["algorithm.domain=simplex", "algorithm.recheck_unsettled=0.1"])
 
 
+def test_hold_raises_the_scores_of_the_pairs_the_pull_reads_only():
+    """hold: in Eq. (1) a pair the pull reads (w_ij >= the threshold) moves by its step
+    times (score + hold), any other pair by its step times its score; dense rows and a
+    sparse W agree; the key is the box domain's."""
+    from raycobo.algorithms.cobo import WStep, update_weight_rows
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+    from raycobo.config import ConfigError, load_config
+
+    n = 6
+    edges = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    start = update_weights(
+        SparseBoxWeights.initial(n, 0.0), edges, torch.tensor([0.8, 0.3, 0.6]), 1.0, "box"
+    )
+    scores = torch.tensor([-0.05, -0.05, -0.3])
+    step = WStep(0.5, 0.25, 0.5, hold=0.1)
+    after = update_weights(start, edges, scores, step, "box").to_dense()
+    # (0, 1): 0.8 + 0.25 * 0.05; (2, 3) not pulled: 0.3 - 0.5 * 0.05; (4, 5): 0.6 - 0.25 * 0.2
+    want = torch.tensor([0.8125, 0.275, 0.55])
+    assert torch.allclose(after[edges[:, 0], edges[:, 1]], want)
+    rows = update_weight_rows(start.to_dense(), torch.arange(n), edges, scores, step, "box")
+    assert torch.allclose(rows, after)
+    plain = update_weights(start, edges, scores, WStep(0.5, 0.25, 0.5), "box").to_dense()
+    assert torch.allclose(plain[edges[:, 0], edges[:, 1]], torch.tensor([0.7875, 0.275, 0.525]))
+    algo = CoBo(CoBoConfig(hold=0.1), rounds=100, seed=0)
+    assert algo.w_step(50, 8).hold == 0.1 and algo.w_step(50, 8).cut == 0.5
+    assert CoBo(CoBoConfig(), rounds=100, seed=0).w_step(50, 8).hold == 0.0
+    with pytest.raises(ConfigError, match="algorithm.hold.*domain"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.hold=0.1"])
+
+
 def test_recheck_is_a_box_domain_key_and_old_runs_ran_without_it(tmp_path):
     """rule raycobo re-samples pulled pairs, the paper's rule does not; a simplex W is
     refused the key; a stored config from before it resumes without re-sampling."""

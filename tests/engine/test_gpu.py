@@ -94,7 +94,7 @@ def test_ray_hosts_on_gpu_fractions_match_the_cpu(
         f"engine.clients_per_actor={per_actor}",
         "engine.cpus_per_actor=0.5",
         f"engine.gpus_per_client={gpus_per_client}",
-        f"engine.resident={str(resident).lower()}",
+        f"engine.rounds={'resident' if resident else 'sync'}",
         f"engine.timeout_s={TIMEOUT}",
     )
     _, report = ray_matches_local(cfg, 4, **TOL)

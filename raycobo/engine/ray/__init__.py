@@ -7,12 +7,13 @@
   ``cpus_per_actor`` CPUs. Its clients' data comes from the driver through the object
   store (the driver loads the data set once and keeps the objects for the whole run),
   so a restarted host (Ray's ``max_restarts``) serves the same batches as before.
-- ``Coordinator`` (actor) owns the algorithm through one round policy, chosen at start:
+- ``Coordinator`` (actor) owns the algorithm through one round policy, given by the
+  ``Schedule`` the driver resolved once from ``engine.rounds`` (``policies.py``):
   ``SyncRounds`` runs the algorithm's own round, which asks for the alignment gradients
   of the sampled edges and the model-step gradients (the coordinator sends each host
   only the points of its own clients through the object store, in parallel);
-  ``StaleRounds`` lets CoBo's alignment results arrive up to ``engine.staleness`` rounds
-  late; ``ResidentRounds`` (``engine.resident``, CoBo): the hosts
+  ``StaleRounds`` (``stale``) lets CoBo's alignment results arrive up to
+  ``engine.staleness`` rounds late; ``ResidentRounds`` (``resident``, CoBo): the hosts
   (``ResidentHostImpl``) keep their clients' models and W rows, a round is two calls per
   host (``res_grads``, ``res_update``) that read each other's gradients and published
   models through the object store, rounds are pipelined one ahead, and the coordinator

@@ -1,6 +1,7 @@
 """The coordinator actor: holds the algorithm through one round policy (synchronous,
-bounded staleness or resident; ``policies.py``, ``resident.py``), chosen once; keeps the
-timing report and the failure handling (hosts lost with ``engine.on_failure=drop``)."""
+bounded staleness or resident; ``policies.py``, ``resident.py``), given by the schedule
+the driver resolved once; keeps the timing report and the failure handling (hosts lost
+with ``engine.on_failure=drop``)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,7 @@ import torch
 
 from raycobo.engine.ray.errors import HostsLost
 from raycobo.engine.ray.ops import RayClientOps
-from raycobo.engine.ray.policies import (
-    RoundPolicy,
-    RoundTiming,
-    StaleRounds,
-    SyncRounds,
-    round_mode,
-)
+from raycobo.engine.ray.policies import RoundTiming, Schedule
 
 # what every engine report holds, whatever the policy adds
 REPORT_DEFAULTS = {
@@ -28,18 +23,6 @@ REPORT_DEFAULTS = {
     "alignment_lag_max": None,
     "alignment_lag_mean": None,
 }
-
-
-def choose_policy(cfg, algo, ops: RayClientOps, timing: RoundTiming) -> RoundPolicy:
-    """The round policy of the run's mode (:func:`round_mode`)."""
-    mode = round_mode(cfg, algo)
-    if mode == "resident":
-        from raycobo.engine.ray.resident import ResidentRounds
-
-        return ResidentRounds(algo, ops, timing, cfg.rounds)
-    if mode == "stale":
-        return StaleRounds(algo, ops, timing, cfg.engine.staleness, cfg.rounds)
-    return SyncRounds(algo, ops, timing)
 
 
 def _between_rounds(method):
@@ -66,8 +49,10 @@ class CoordinatorImpl:
         cfg_dict: dict[str, Any],
         hosts: list[Any],
         layout: list[list[int]],
-        parts: list | None = None,
+        parts: list | None,
+        schedule: Schedule,
     ):
+        """``schedule``: the run's round schedule, as the driver resolved it."""
         from raycobo.algorithms import build_algorithm
         from raycobo.config import validate
 
@@ -78,9 +63,9 @@ class CoordinatorImpl:
             hosts, layout, e.timeout_s, e.max_restarts, e.on_failure, parts=parts
         )
         self.algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
-        self.staleness = e.staleness
+        self.schedule = schedule
         self.timing = RoundTiming()
-        self.policy = choose_policy(cfg, self.algo, self.ops, self.timing)
+        self.policy = self.schedule.policy(self.algo, self.ops, self.timing)
 
     def describe(self) -> dict[str, Any]:
         ops = self.ops
@@ -150,7 +135,8 @@ class CoordinatorImpl:
         span = tm.span[1] - tm.span[0] - tm.between_s if tm.span else 0.0
         return {
             "events": list(ops.events),
-            "staleness": self.staleness,
+            "rounds": self.schedule.mode,
+            "staleness": self.schedule.staleness,
             **REPORT_DEFAULTS,
             **self.policy.report(),
             "round_seconds_in_coordinator": tm.compute_s,

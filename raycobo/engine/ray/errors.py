@@ -12,7 +12,7 @@ def actor_lost() -> tuple[type[Exception], ...]:
 
 class HostStateLost(RuntimeError):
     """A restarted host was asked for what it no longer holds: its clients' data (until
-    the coordinator attaches it again) or its models (engine.resident)."""
+    the coordinator attaches it again) or its models (engine.rounds: resident)."""
 
 
 class HostsLost(RuntimeError):

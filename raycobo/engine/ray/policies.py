@@ -2,9 +2,14 @@
 
 - :class:`SyncRounds`: the algorithm's own round over the hosts (``RayClientOps``); every
   round waits for its answers. Every registered method runs this way.
-- :class:`StaleRounds`: CoBo with bounded staleness (``engine.staleness``): alignment
-  requests are sent ahead and applied when they arrive, at most that many rounds late.
-- ``ResidentRounds`` (``resident.py``): CoBo with the models kept in the hosts.
+- :class:`StaleRounds` (``engine.rounds: stale``): CoBo with bounded staleness
+  (``engine.staleness``): alignment requests are sent ahead and applied when they
+  arrive, at most that many rounds late.
+- ``ResidentRounds`` (``engine.rounds: resident``, ``resident.py``): CoBo with the models
+  kept in the hosts.
+
+:func:`schedule_for` resolves ``engine.rounds`` once into a :class:`Schedule`, which
+gives the host class, the hosts' actor options and the policy.
 
 A policy owns its state (the algorithm state, or W and the hosts' published models) and
 answers the coordinator's calls; the coordinator keeps the timing and the failure
@@ -54,44 +59,74 @@ class RoundPolicy(Protocol):
     def report(self) -> dict[str, Any]: ...
 
 
-RoundMode = Literal["synchronous", "stale", "resident"]
+RoundMode = Literal["sync", "stale", "resident"]
 
 
-def round_mode(cfg, algo) -> RoundMode:
-    """How the Ray engine runs this run's rounds, decided here only (the hosts it places,
-    the coordinator's policy): ``resident`` (engine.resident), ``stale``
-    (engine.staleness > 0) or ``synchronous``. A combination that cannot run is refused
-    naming the key: resident models need a method that steps in rows (``StepsInRows``:
-    CoBo, with the settings its ``rows_refusal`` accepts) and no staleness; late alignment
-    results need an algorithm that plans its alignment (CoBo), in the weights-first
-    order."""
+@dataclass(frozen=True)
+class Schedule:
+    """The run's round schedule on Ray (``engine.rounds``), resolved once by
+    :func:`schedule_for` and handed to whatever places hosts or runs rounds: the host
+    class, the hosts' actor options and the coordinator's policy all come from here."""
+
+    mode: RoundMode = "sync"
+    staleness: int = 0  # stale: rounds a late result may lag
+    rounds: int = 0  # the run's length (the last round waits for everything)
+
+    def host_impl(self) -> type:
+        """The body of the client host actors."""
+        if self.mode == "resident":
+            from raycobo.engine.ray.resident_host import ResidentHostImpl
+
+            return ResidentHostImpl
+        from raycobo.engine.ray.host import ClientHostImpl
+
+        return ClientHostImpl
+
+    def actor_options(self) -> dict[str, Any]:
+        """A stale schedule's hosts take a second call (the step while alignment runs)."""
+        return {"max_concurrency": 2 if self.mode == "stale" else 1}
+
+    def policy(self, algo, ops: RayClientOps, timing: RoundTiming) -> RoundPolicy:
+        """The coordinator's round policy."""
+        if self.mode == "resident":
+            from raycobo.engine.ray.resident import ResidentRounds
+
+            return ResidentRounds(algo, ops, timing, self.rounds)
+        if self.mode == "stale":
+            return StaleRounds(algo, ops, timing, self.staleness, self.rounds)
+        return SyncRounds(algo, ops, timing)
+
+
+def schedule_for(cfg, algo) -> Schedule:
+    """``engine.rounds`` for this run, checked against what the method can do: resident
+    rounds need a method that steps in rows (``StepsInRows``: CoBo, with the settings its
+    ``rows_refusal`` accepts); stale rounds need a method whose alignment is planned
+    apart from its step (``PlansAlignment``: CoBo, in the weights-first order). A
+    combination that cannot run is refused naming the key."""
     from raycobo.config import ConfigError
 
     e, a = cfg.engine, cfg.algorithm
-    if e.resident:
+    why = None
+    if e.rounds == "resident":
         if not isinstance(algo, StepsInRows):
             why = f"algorithm '{a.name}' has no round in rows for hosts to keep (cobo has)"
         else:
             why = algo.rows_refusal()
-        if why is None and e.staleness:
-            why = "host-resident models run without staleness (engine.staleness=0)"
-        if why is not None:
-            raise ConfigError(f"invalid config key 'engine.resident': {why}")
-        return "resident"
-    if e.staleness:
+    elif e.rounds == "stale":
         if not isinstance(algo, PlansAlignment):
-            raise ConfigError(
-                f"invalid config key 'engine.staleness': algorithm '{a.name}' has no "
-                "alignment requests to send ahead (cobo has); set engine.staleness=0"
+            why = (
+                f"algorithm '{a.name}' has no alignment requests to send ahead (cobo has); "
+                "set engine.rounds=sync"
             )
-        if getattr(a, "order", "weights_first") != "weights_first":
-            raise ConfigError(
-                "invalid config key 'engine.staleness': late alignment results need "
-                "algorithm.order=weights_first (the models_first order waits for each "
-                "round's W)"
+        elif getattr(a, "order", "weights_first") != "weights_first":
+            why = (
+                "late alignment results need algorithm.order=weights_first (the "
+                "models_first order waits for each round's W)"
             )
-        return "stale"
-    return "synchronous"
+    if why is not None:
+        raise ConfigError(f"invalid config key 'engine.rounds': {e.rounds}: {why}")
+    lag = e.late_rounds() if e.rounds == "stale" else 0
+    return Schedule(e.rounds, lag, cfg.rounds)
 
 
 def elastic_or_stop(algo, why: str) -> Elastic:

@@ -1,4 +1,4 @@
-"""Host-resident CoBo (``engine.resident``): the coordinator's round policy for the
+"""Host-resident CoBo (``engine.rounds: resident``): the coordinator's round policy for the
 two-phase, pipelined rounds in which models and alignment gradients go host to host and
 only W rows, indices and scores pass through the coordinator (the hosts' side is
 ``resident_host.py``)."""

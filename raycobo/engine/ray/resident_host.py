@@ -1,4 +1,4 @@
-"""The client host of host-resident CoBo (``engine.resident``): a :class:`ClientHostImpl`
+"""The client host of host-resident CoBo (``engine.rounds: resident``): a :class:`ClientHostImpl`
 that also keeps its clients' models and W rows. A round is two calls, ``res_grads``
 (phase 1) then ``res_update`` (phase 2); see ``raycobo.engine.ray.resident``."""
 

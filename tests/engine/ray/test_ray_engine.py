@@ -18,6 +18,9 @@ from tests.helpers import ray_matches_local, run_local, run_ray, short_run  # no
 TIMEOUT = 120
 
 
+MODE = {False: "sync", True: "resident"}  # engine.rounds of the parametrized tests
+
+
 @pytest.fixture(scope="module")
 def ray_2_cpus_2_fake_gpus(quad_cfg_module):
     """Start a local Ray with 2 CPUs and 2 declared (fake) GPUs; stop it afterwards."""
@@ -95,7 +98,7 @@ def test_a_killed_host_is_restarted_and_the_run_matches(
     """Ray restarts the host; a stateless host rebuilds its data and the call is retried,
     a resident host is restored from the models it last published and the round redone."""
     cfg = with_overrides(
-        quad_cfg_module, {"algorithm.name": "cobo", "rounds": 6, "engine.resident": resident}
+        quad_cfg_module, {"algorithm.name": "cobo", "rounds": 6, "engine.rounds": MODE[resident]}
     )
     X_l, W_l, _ = run_local(cfg, 6)
 
@@ -120,7 +123,8 @@ def test_hosts_take_the_drivers_data_without_rays_restart_warning(
     store, and Ray printed `core_worker.cc … E … has constructor arguments in the object
     store and max_restarts > 0` on every successful run: the data is attached by a call
     (and again by the coordinator after a restart, as the test above checks)."""
-    cfg = with_overrides(quad_cfg_module, {"algorithm.name": "cobo", "engine.resident": resident})
+    over = {"algorithm.name": "cobo", "engine.rounds": MODE[resident]}
+    cfg = with_overrides(quad_cfg_module, over)
     assert cfg.engine.max_restarts > 0 and cfg.engine.on_failure == "restart"
     run_ray(cfg, 2)
     err = capfd.readouterr().err
@@ -143,7 +147,7 @@ def test_clients_join_and_leave_on_ray_as_on_the_local_engine(
             "algorithm.sampling": "full",
             "rounds": 8,
             "eval_every": 4,
-            "engine.resident": resident,
+            "engine.rounds": MODE[resident],
             "schedule": [{"round": 4, "join": [4]}, {"round": 2, "leave": [0]}],
         },
     )
@@ -232,7 +236,7 @@ def test_a_dead_host_is_dropped_and_the_run_goes_on(
             "algorithm.name": "cobo",
             "rounds": 6,
             "engine.on_failure": "drop",
-            "engine.resident": resident,
+            "engine.rounds": MODE[resident],
         },
     )
 
@@ -265,13 +269,15 @@ def test_a_dead_host_is_dropped_and_the_run_goes_on(
 def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
     ray_2_cpus_2_fake_gpus, quad_cfg_module
 ):
-    """engine.staleness=2 with host 1 slowed down per gradient: every alignment result is
-    applied at most 2 rounds late, all of them by the end, and W stays in the box."""
+    """engine.rounds=stale, engine.staleness=2 with host 1 slowed down per gradient:
+    every alignment result is applied at most 2 rounds late, all of them by the end, and
+    W stays in the box."""
     cfg = with_overrides(
         quad_cfg_module,
         {
             "algorithm.name": "cobo",
             "rounds": 6,
+            "engine.rounds": "stale",
             "engine.staleness": 2,
             "engine.slow_hosts": [1],
             "engine.slow_seconds": 0.05,
@@ -295,7 +301,7 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
     assert stats[-1]["alignments_pending"] == 0
     assert bool((W_r >= 0).all() and (W_r <= 1).all())
     assert torch.isfinite(X_r).all()
-    # staleness 0 is the synchronous round: the same numbers as the local engine
+    # stale rounds with staleness 0 are the synchronous round: the local engine's numbers
     sync = with_overrides(cfg, {"engine.staleness": 0, "engine.slow_seconds": 0.0})
     X_l, W_l, _ = run_local(sync, 6)
     (X_s, W_s, _), _ = run_ray(sync, 6)
@@ -327,7 +333,7 @@ def test_host_resident_cobo_matches_the_local_engine(
             "algorithm.sampling_c=2",
             f"engine.timeout_s={TIMEOUT}",
         )
-    cfg = with_overrides(cfg, {"engine.resident": True})
+    cfg = with_overrides(cfg, {"engine.rounds": "resident"})
     _, report = ray_matches_local(cfg, 6)
     assert report["round_host_compute_seconds"] > 0
 
@@ -352,7 +358,7 @@ def test_resident_steps_read_only_the_models_they_weigh(ray_2_cpus_2_fake_gpus, 
         "engine.kind=ray",
         "engine.clients_per_actor=2",
         "engine.cpus_per_actor=0.25",
-        "engine.resident=true",
+        "engine.rounds=resident",
         f"engine.timeout_s={TIMEOUT}",
     )
     (_, W_l, _), report = ray_matches_local(cfg, 40)
@@ -366,40 +372,64 @@ def test_resident_steps_read_only_the_models_they_weigh(ray_2_cpus_2_fake_gpus, 
 def test_host_resident_needs_cobo(quad_cfg_module):
     from raycobo.config import ConfigError
 
-    cfg = with_overrides(quad_cfg_module, {"algorithm.name": "fedavg", "engine.resident": True})
-    with pytest.raises(ConfigError, match="engine.resident"):
+    cfg = with_overrides(quad_cfg_module, {"algorithm.name": "fedavg", "engine.rounds": "resident"})
+    with pytest.raises(ConfigError, match="engine.rounds.*resident"):
         RaySession(cfg, 5)
 
 
-def test_the_round_mode_is_decided_once_and_a_staleness_that_cannot_act_is_refused(
-    quad_cfg_module,
+def test_one_rounds_setting_resolved_once_and_a_key_that_cannot_act_is_refused(
+    quad_cfg_module, tmp_path
 ):
-    """(#34 item 2) One function decides the mode (the hosts placed, the coordinator's
-    policy). engine.staleness with a method that has no alignment to send ahead ran the
-    synchronous rounds without a word: refused, naming the key."""
+    """(#34 item 2) engine.rounds is the one mode setting, resolved once into a schedule
+    that gives the host class, the actor options and the policy; a staleness outside
+    stale rounds, a mode the method cannot run and the old key are refused, naming the
+    key; a run directory written with the old keys resumes in its mode."""
+    import yaml
+
     from raycobo.algorithms import build_algorithm
-    from raycobo.config import ConfigError
-    from raycobo.engine.ray.policies import round_mode
+    from raycobo.config import ConfigError, load_config, load_stored_config
+    from raycobo.engine.ray.host import ClientHostImpl
+    from raycobo.engine.ray.policies import schedule_for
+    from raycobo.engine.ray.resident_host import ResidentHostImpl
 
-    def mode(**over):
+    def schedule(**over):
         cfg = with_overrides(quad_cfg_module, over)
-        return round_mode(cfg, build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed))
+        return schedule_for(cfg, build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed))
 
-    assert mode(**{"algorithm.name": "cobo"}) == "synchronous"
-    assert mode(**{"algorithm.name": "cobo", "engine.staleness": 2}) == "stale"
-    assert mode(**{"algorithm.name": "cobo", "engine.resident": True}) == "resident"
-    assert mode(**{"algorithm.name": "fedavg"}) == "synchronous"
-    with pytest.raises(ConfigError, match="engine.staleness.*'fedavg'"):
-        mode(**{"algorithm.name": "fedavg", "engine.staleness": 1})
-    with pytest.raises(ConfigError, match="engine.resident.*staleness"):
-        mode(**{"algorithm.name": "cobo", "engine.resident": True, "engine.staleness": 1})
+    sync = schedule(**{"algorithm.name": "cobo"})
+    assert (sync.mode, sync.host_impl(), sync.actor_options()) == (
+        "sync",
+        ClientHostImpl,
+        {"max_concurrency": 1},
+    )
+    stale = schedule(**{"algorithm.name": "cobo", "engine.rounds": "stale"})
+    assert (stale.staleness, stale.actor_options()["max_concurrency"]) == (1, 2)
+    assert schedule(**{"engine.rounds": "stale", "engine.staleness": 3}).staleness == 3
+    res = schedule(**{"algorithm.name": "cobo", "engine.rounds": "resident"})
+    assert res.host_impl() is ResidentHostImpl
+    assert schedule(**{"algorithm.name": "fedavg"}).mode == "sync"
+    with pytest.raises(ConfigError, match="engine.rounds.*'fedavg'"):
+        schedule(**{"algorithm.name": "fedavg", "engine.rounds": "stale"})
+    with pytest.raises(ConfigError, match="engine.staleness.*rounds=stale, not resident"):
+        load_config(None, ["engine.rounds=resident", "engine.staleness=1"])
+    with pytest.raises(ConfigError, match="engine.resident.*engine.rounds"):
+        load_config(None, ["engine.resident=true"])
     # resident needs a method that steps in rows (StepsInRows), with settings it accepts
-    with pytest.raises(ConfigError, match="engine.resident.*'fedavg'"):
-        mode(**{"algorithm.name": "fedavg", "engine.resident": True})
-    with pytest.raises(ConfigError, match="engine.resident.*momentum"):
-        mode(**{"algorithm.name": "cobo", "engine.resident": True, "algorithm.momentum": 0.9})
+    with pytest.raises(ConfigError, match="engine.rounds.*'fedavg'"):
+        schedule(**{"algorithm.name": "fedavg", "engine.rounds": "resident"})
+    with pytest.raises(ConfigError, match="engine.rounds.*momentum"):
+        schedule(**{"engine.rounds": "resident", "algorithm.momentum": 0.9})
     with pytest.raises(ConfigError, match="weights_first"):
-        mode(**{"algorithm.name": "cobo", "engine.staleness": 1, "algorithm.order": "models_first"})
+        schedule(**{"engine.rounds": "stale", "algorithm.order": "models_first"})
+    # configs written before engine.rounds
+    for old, mode, lag in (
+        ({"resident": True, "staleness": 0}, "resident", None),
+        ({"resident": False, "staleness": 2}, "stale", 2),
+        ({"resident": False, "staleness": 0}, "sync", None),
+    ):
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump({"engine": old}))
+        e = load_stored_config(tmp_path / "config.yaml").engine
+        assert (e.rounds, e.staleness) == (mode, lag)
 
 
 @pytest.mark.parametrize("resident", [False, True])
@@ -415,7 +445,7 @@ def test_interrupted_ray_run_resumes_to_the_uninterrupted_numbers(
 
     cfg = with_overrides(
         quad_cfg_module,
-        {"algorithm.name": "cobo", "engine.resident": resident, "rounds": 8, "eval_every": 3},
+        {"algorithm.name": "cobo", "engine.rounds": MODE[resident], "rounds": 8, "eval_every": 3},
     )
     whole = run_experiment(cfg, tmp_path / "whole")
     with pytest.raises(KeyboardInterrupt):
