@@ -126,6 +126,11 @@ def _by_rule(key: str) -> str:
     )
 
 
+def _share(description: str):
+    """A CoBo key in [0, 1], null by default (the rule's value, or off)."""
+    return Field(default=None, ge=0, le=1, description=description)
+
+
 class CoBoConfig(MethodConfig):
     """CoBo (Algorithm 1; Eq. 1-3)."""
 
@@ -187,44 +192,29 @@ class CoBoConfig(MethodConfig):
         description="pull: mean with rho: auto (box domain): lr * rho, the share of the way "
         "to the collaborators' weighted mean a model moves per step" + _by_rule("pull_strength"),
     )
-    initial_weight: float | None = Field(
-        default=None,
-        ge=0,
-        le=1,
-        description="box domain: W^0's entries between clients (w_ii = 1): 1 pulls every pair "
+    initial_weight: float | None = _share(
+        "box domain: W^0's entries between clients (w_ii = 1): 1 pulls every pair "
         "until it is measured misaligned (Algorithm 1), a value below pull_threshold only "
         "the pairs measured aligned" + _by_rule("initial_weight"),
     )
-    pull_threshold: float | None = Field(
-        default=None,
-        ge=0,
-        le=1,
-        description="box domain: collaborators whose w_ij is below this are left out of "
+    pull_threshold: float | None = _share(
+        "box domain: collaborators whose w_ij is below this are left out of "
         "Eq. (3)'s pull (many small cross-cluster weights add up to a large share of a "
         "row's pull)" + _by_rule("pull_threshold"),
     )
-    recheck: float | None = Field(
-        default=None,
-        ge=0,
-        le=1,
-        description="box domain: each pair the pull reads (w_ij >= pull_threshold; > 0 "
+    recheck: float | None = _share(
+        "box domain: each pair the pull reads (w_ij >= pull_threshold; > 0 "
         "without one) is sampled with at least this probability each round (drawn again "
         "where the sampling strategy's own p_t is lower), so that a pair that one early "
         "sample made a collaborator is measured again" + _by_rule("recheck"),
     )
-    recheck_unsettled: float | None = Field(
-        default=None,
-        ge=0,
-        le=1,
-        description="box domain, with recheck: the rate of the pulled pairs whose w_ij is "
+    recheck_unsettled: float | None = _share(
+        "box domain, with recheck: the rate of the pulled pairs whose w_ij is "
         "still inside the box (below 1: not yet settled by consistent scores); those at 1 "
         "keep recheck's rate (null: recheck's for all)",
     )
-    hold: float | None = Field(
-        default=None,
-        ge=0,
-        le=1,
-        description="box domain: the score of a pair the pull reads is raised by this in "
+    hold: float | None = _share(
+        "box domain: the score of a pair the pull reads is raised by this in "
         "Eq. (1) (hysteresis: a collaborator is dropped on evidence that it is not aligned, "
         "not on re-samples whose scores lie about 0; null: 0)",
     )
