@@ -267,7 +267,7 @@ def test_schedules_name_their_key(quad_cfg, tmp_path):
 
 @pytest.mark.parametrize("domain", ["box", "simplex"])
 def test_weight_rows_update_like_the_whole_matrix(domain):
-    """A host updates only its clients' W rows (engine.resident); each row must get
+    """A host updates only its clients' W rows (engine.rounds: resident); each row must get
     exactly what updating the whole W gives it, edges across hosts included."""
     from raycobo.algorithms.cobo import initial_weights, update_weight_rows, update_weights
 

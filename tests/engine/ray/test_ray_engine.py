@@ -312,7 +312,7 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
 def test_host_resident_cobo_matches_the_local_engine(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, digits_cfg, task
 ):
-    """engine.resident: models stay in the hosts, pairs straddle hosts (clients 0-2 on
+    """engine.rounds=resident: models stay in the hosts, pairs straddle hosts (clients 0-2 on
     host 0, 3-4 on host 1), and X, W and the evaluations equal the local engine's; with
     CoBo's recheck at 0.5 too (round t's pairs then read W^t: no round is sent ahead),
     and with the pull on the current models (the default pulls the stepped ones, which
