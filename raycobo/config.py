@@ -527,23 +527,27 @@ COBO_ADDED_LATER = {
 }
 
 
-def _engine_rounds_before(engine: Any) -> None:
-    """An engine section written before ``engine.rounds`` (2026-11-28): ``resident``
-    true ran resident rounds, ``staleness`` above 0 stale ones, else synchronous."""
+def engine_keys_before_rounds(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` with an engine section written before ``engine.rounds`` (2026-11-28) read
+    as it ran: ``resident`` true ran resident rounds, ``staleness`` above 0 stale ones,
+    else synchronous (a copy; a section with ``rounds`` is left as it is)."""
+    engine = tree.get("engine")
     if not isinstance(engine, dict) or "rounds" in engine:
-        return
+        return tree
+    engine = dict(engine)
     resident = engine.pop("resident", False)
     lag = engine.pop("staleness", 0) or 0
     if resident:
         engine["rounds"] = "resident"
     elif lag:
         engine.update(rounds="stale", staleness=lag)
+    return {**tree, "engine": engine}
 
 
 def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:
     """A config tree that raycobo wrote, read as the version that wrote it ran it (see
     ``load_stored_config``); also applied to the config a checkpoint recorded."""
-    _engine_rounds_before(tree.get("engine"))
+    tree = engine_keys_before_rounds(tree)
     section = tree.get("algorithm")
     if isinstance(section, dict) and section.get("name", "cobo") in METHODS:
         own = method(section.get("name", "cobo")).settings.model_fields

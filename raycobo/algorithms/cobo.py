@@ -837,8 +837,8 @@ class CoBo:
         gen = rng.generator(self.seed, rng.RECHECK, t)
         draw = torch.rand(pairs.shape[0], generator=gen)
         if loose != rate:  # the pairs whose weight is still inside the box
-            w = W.get(pairs[:, 0], pairs[:, 1]) if isinstance(W, SparseBoxWeights) else None
-            w = W[pairs[:, 0], pairs[:, 1]] if w is None else w
+            i, j = pairs[:, 0], pairs[:, 1]
+            w = W.get(i, j) if isinstance(W, SparseBoxWeights) else W[i, j]
             rates = torch.where(w.cpu() < 1, loose, rate)
             chosen = pairs[draw < rates]
         else:

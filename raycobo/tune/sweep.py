@@ -20,7 +20,13 @@ from typing import Any
 
 import yaml
 
-from raycobo.config import Config, ConfigError, stored_tree, validate, with_overrides
+from raycobo.config import (
+    Config,
+    ConfigError,
+    engine_keys_before_rounds,
+    validate,
+    with_overrides,
+)
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 from raycobo.tune.console import console_to_log, sampled_values, trial_lines, trial_number
 from raycobo.tune.space import SweepSpec, tune_space
@@ -90,7 +96,7 @@ def trial(params: dict[str, Any]) -> None:
     from raycobo.tracking import MLflowTracker
 
     try:
-        base = validate(params["__base__"])
+        base = validate(engine_keys_before_rounds(params["__base__"]))  # a sweep from before
         sampled = {k: v for k, v in params.items() if not k.startswith("__")}
         cfg = with_overrides(base, sampled)
         callbacks: list[Any] = [TuneReporter(params["__metric__"])]
@@ -231,7 +237,10 @@ def resume_sweep(root: Path, trust_files: bool = False) -> dict[str, Any]:
     if not trust_files:
         check_tune_files(root)
     record = yaml.safe_load((root / SWEEP_FILE).read_text())
-    spec, base = SweepSpec.model_validate(record["spec"]), validate(stored_tree(record["base"]))
+    # the base is the config as given (not pinned): only the renamed engine keys are read
+    # as the version that wrote them ran them
+    base = validate(engine_keys_before_rounds(record["base"]))
+    spec = SweepSpec.model_validate(record["spec"])
     return _launch(spec, base, root, record["name"], record["num_samples"], True)
 
 

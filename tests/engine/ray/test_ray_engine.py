@@ -387,7 +387,12 @@ def test_one_rounds_setting_resolved_once_and_a_key_that_cannot_act_is_refused(
     import yaml
 
     from raycobo.algorithms import build_algorithm
-    from raycobo.config import ConfigError, load_config, load_stored_config
+    from raycobo.config import (
+        ConfigError,
+        engine_keys_before_rounds,
+        load_config,
+        load_stored_config,
+    )
     from raycobo.engine.ray.host import ClientHostImpl
     from raycobo.engine.ray.policies import schedule_for
     from raycobo.engine.ray.resident_host import ResidentHostImpl
@@ -430,6 +435,11 @@ def test_one_rounds_setting_resolved_once_and_a_key_that_cannot_act_is_refused(
         (tmp_path / "config.yaml").write_text(yaml.safe_dump({"engine": old}))
         e = load_stored_config(tmp_path / "config.yaml").engine
         assert (e.rounds, e.staleness) == (mode, lag)
+    # a sweep's base (the config as given, not pinned): the engine keys alone are renamed
+    old = {"engine": {"resident": True, "staleness": 0}, "algorithm": {"alignment": None}}
+    new = engine_keys_before_rounds(old)
+    assert new == {"engine": {"rounds": "resident"}, "algorithm": {"alignment": None}}
+    assert old["engine"] == {"resident": True, "staleness": 0}  # a copy
 
 
 @pytest.mark.parametrize("resident", [False, True])
