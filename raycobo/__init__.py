@@ -12,9 +12,10 @@ The Python API (``raycobo.api``)::
     raycobo.load_run(res.run_dir)
 
 and the classes a plugin builds on: ``MethodConfig`` (a method's settings), the
-``Algorithm`` protocol and ``ClientOps`` it runs on, ``Evaluation``, and ``RawDataset`` /
-``FederatedData`` for data sets. Names load on first use, so ``import raycobo`` is
-cheap.
+``Algorithm`` protocol and ``ClientOps`` it runs on, ``Evaluation``, a round as plan ->
+apply (``PlansRounds``, ``Plan``, the requests ``Gradients`` and ``LocalSGD``,
+``run_plan``), and ``RawDataset`` / ``FederatedData`` for data sets. Names load on first
+use, so ``import raycobo`` is cheap.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ _EXPORTS = {
     "Algorithm": "raycobo.algorithms.base",
     "ClientOps": "raycobo.algorithms.base",
     "Evaluation": "raycobo.algorithms.base",
+    "Gradients": "raycobo.algorithms.base",
+    "LocalSGD": "raycobo.algorithms.base",
+    "Plan": "raycobo.algorithms.base",
+    "PlansRounds": "raycobo.algorithms.base",
+    "run_plan": "raycobo.algorithms.base",
     "RawDataset": "raycobo.data.base",
     "FederatedData": "raycobo.data.base",
 }
@@ -51,7 +57,11 @@ __all__ = [
     "ConfigError",
     "Evaluation",
     "FederatedData",
+    "Gradients",
+    "LocalSGD",
     "MethodConfig",
+    "Plan",
+    "PlansRounds",
     "RawDataset",
     "Result",
     "compare",
@@ -61,12 +71,22 @@ __all__ = [
     "resume_compare",
     "resume_sweep",
     "run",
+    "run_plan",
     "sweep",
 ]
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from raycobo.algorithms.base import Algorithm, ClientOps, Evaluation
+    from raycobo.algorithms.base import (
+        Algorithm,
+        ClientOps,
+        Evaluation,
+        Gradients,
+        LocalSGD,
+        Plan,
+        PlansRounds,
+        run_plan,
+    )
     from raycobo.algorithms.settings import MethodConfig
     from raycobo.api import (
         Comparison,

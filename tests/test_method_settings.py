@@ -169,7 +169,8 @@ def test_optional_capabilities_are_declared_not_probed(digits_cfg):
         "EvaluatesItself": base.EvaluatesItself,
         "ExportsArtifacts": base.ExportsArtifacts,
         "KeepsOwnAgreement": base.KeepsOwnAgreement,
-        "PlansAlignment": base.PlansAlignment,
+        "PlansRounds": base.PlansRounds,
+        "StepsInRows": base.StepsInRows,
         "SizesItsState": base.SizesItsState,
     }
     expected = {
@@ -177,9 +178,11 @@ def test_optional_capabilities_are_declared_not_probed(digits_cfg):
             "Elastic",
             "ExportsArtifacts",
             "KeepsOwnAgreement",
-            "PlansAlignment",
+            "PlansRounds",
             "SizesItsState",
+            "StepsInRows",
         },
+        "fedavg": {"PlansRounds"},
         "federico": {"EvaluatesItself"},
         "l2c": {"ExportsArtifacts"},
         "meta_l2c": {"ExportsArtifacts"},

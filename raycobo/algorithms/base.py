@@ -14,7 +14,7 @@ so two engines given the same request draw the same samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -95,7 +95,7 @@ class Algorithm(Protocol):
     """A collaborative-learning method over explicit state. What some methods can do
     besides is declared by the capability protocols below (``Elastic``,
     ``EvaluatesItself``, ``ExportsArtifacts``, ``KeepsOwnAgreement``,
-    ``PlansAlignment``)."""
+    ``PlansRounds``, ``StepsInRows``)."""
 
     name: str
 
@@ -161,16 +161,115 @@ class KeepsOwnAgreement(Protocol):
     def cluster_agreement(self, state: Any, clusters: list[int | None]) -> dict | None: ...
 
 
+# -- a round as plan -> compute -> apply: what a method needs computed, named, so that an
+# engine can compute it where the data lives and apply late results (bounded staleness)
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """A request: ``ops.grads(clients, points, round, stream, salt)`` -> (G (m, d), L (m,))."""
+
+    clients: torch.Tensor  # (m,)
+    points: torch.Tensor  # (m, d)
+    stream: torch.Tensor | int
+    salt: torch.Tensor | int = 0
+
+
+@dataclass(frozen=True)
+class LocalSGD:
+    """A request: ``steps`` SGD steps of each client from its start point, step s on
+    minibatch (stream, salt s): ``y <- y - lr (g + prox (y - anchor))``, the anchor the
+    start unless given (``prox`` 0: plain SGD) -> (end points (m, d), the first step's
+    losses (m,)). An engine that keeps the data apart (Ray) runs all the steps where the
+    data is: one call instead of ``steps``."""
+
+    clients: torch.Tensor  # (m,)
+    start: torch.Tensor  # (m, d)
+    lr: float
+    steps: int
+    stream: int
+    prox: float = 0.0
+    anchor: torch.Tensor | None = None  # (m, d) or (d,); None: the start
+
+
+Request = Gradients | LocalSGD
+Answer = tuple[torch.Tensor, torch.Tensor]  # (G or end points (m, d), losses (m,))
+
+
+@dataclass
+class Plan:
+    """Round ``round``'s requests: ``ahead``'s result may be applied up to
+    ``engine.staleness`` rounds late (``engine.rounds: stale``), ``now``'s is needed by
+    the round itself; ``keep`` holds what the method's apply reads besides (tensors and
+    numbers: a plan in flight is checkpointed and sent again on resume)."""
+
+    round: int
+    ahead: Request | None = None
+    now: Request | None = None
+    keep: dict[str, Any] = field(default_factory=dict)
+
+
 @runtime_checkable
-class PlansAlignment(Protocol):
-    """CoBo's round in parts, so that an engine can send the alignment requests ahead
-    (bounded staleness on Ray): plan, apply the alignment gradients, step."""
+class PlansRounds(Protocol):
+    """A round in parts, plan then apply, so that an engine can send the ``ahead``
+    requests without waiting for them (``engine.rounds: stale`` on Ray). ``apply_round``
+    gets the round's own ``now`` result and every ``ahead`` result that arrived, oldest
+    plan first (in a synchronous round: this round's own). The method's synchronous
+    ``round`` gives the numbers of :func:`run_plan` (it may compute them otherwise, as
+    CoBo's one-call round does)."""
 
-    def plan(self, state: Any, t: int, ops: ClientOps) -> Any: ...
+    def plan_round(self, state: Any, t: int, ops: ClientOps) -> Plan: ...
 
-    def apply_alignment(self, state: Any, edges: torch.Tensor, G: torch.Tensor, t: int) -> Any: ...
+    def apply_round(
+        self, state: Any, plan: Plan, now: Answer | None, arrived: list[tuple[Plan, Answer]]
+    ) -> tuple[Any, dict[str, float]]: ...
 
-    def step(self, state: Any, members: torch.Tensor, G: torch.Tensor) -> Any: ...
+    def plan_refusal(self) -> str | None:
+        """Why these settings cannot take ahead results late (None: they can)."""
+        ...
+
+
+@runtime_checkable
+class TrainsLocally(Protocol):
+    """A ClientOps that runs :class:`LocalSGD` requests itself (Ray: in the hosts, one
+    call for all the steps); other engines' get :func:`sgd_steps` over ``grads``."""
+
+    def local_sgd(self, request: LocalSGD, round: int) -> Answer: ...
+
+
+def sgd_steps(ops: ClientOps, r: LocalSGD, t: int) -> Answer:
+    """The steps of a :class:`LocalSGD` request of round t over ``ops.grads``."""
+    Y = r.start.clone()
+    anchor = r.start if r.anchor is None else r.anchor
+    first_loss = None
+    for s in range(r.steps):
+        G, loss = ops.grads(r.clients, Y, t, r.stream, s)
+        if r.prox:
+            G = G + r.prox * (Y - anchor)
+        Y -= r.lr * G
+        if first_loss is None:
+            first_loss = loss
+    assert first_loss is not None
+    return Y, first_loss
+
+
+def compute(ops: ClientOps, request: Request, t: int) -> Answer:
+    """One request of round t, computed before returning."""
+    r = request
+    if isinstance(r, Gradients):
+        return ops.grads(r.clients, r.points, t, r.stream, r.salt)
+    if isinstance(ops, TrainsLocally):
+        return ops.local_sgd(r, t)
+    return sgd_steps(ops, r, t)
+
+
+def run_plan(algo: PlansRounds, state: Any, t: int, ops: ClientOps) -> tuple[Any, dict]:
+    """A synchronous round as plan -> compute -> apply (what ``engine.rounds: stale``
+    computes with ``engine.staleness: 0``)."""
+    plan = algo.plan_round(state, t, ops)
+    ahead = None if plan.ahead is None else compute(ops, plan.ahead, t)
+    now = None if plan.now is None else compute(ops, plan.now, t)
+    return algo.apply_round(state, plan, now, [] if ahead is None else [(plan, ahead)])
 
 
 @runtime_checkable

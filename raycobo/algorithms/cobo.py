@@ -40,7 +40,7 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 
 from raycobo import rng
-from raycobo.algorithms.base import MODELS, ClientOps
+from raycobo.algorithms.base import MODELS, Answer, ClientOps, Gradients, Plan
 from raycobo.algorithms.projections import project_box, project_simplex
 from raycobo.algorithms.samplers import SAMPLINGS, EdgeSampler
 from raycobo.algorithms.settings import MethodConfig
@@ -958,6 +958,45 @@ class CoBo:
             G_align, _ = ops.grads(p.align_clients, p.align_points, t, rng.ALIGN, p.align_salts)
             state = self.apply_alignment(state, p.edges, G_align, t)
         return state, self.stats(L, E, members.numel())
+
+    # -- the round as plan -> apply (PlansRounds: alignment results may arrive late) -----
+    def plan_refusal(self) -> str | None:
+        if self.cfg.order == "weights_first":
+            return None
+        return (
+            "late alignment results need algorithm.order=weights_first (the models_first "
+            "order waits for each round's W)"
+        )
+
+    def plan_round(self, state: CoBoState, t: int, ops: ClientOps) -> Plan:
+        """Round t's requests: the alignment gradients ahead (Eq. 1 may take them late),
+        the model step's gradients at x^t now."""
+        p = self.plan(state, t, ops)
+        ahead = None
+        if p.edges.shape[0]:
+            ahead = Gradients(p.align_clients, p.align_points, rng.ALIGN, p.align_salts)
+        now = Gradients(p.members, state.X[p.members], rng.STEP, 0)
+        return Plan(t, ahead, now, {"edges": p.edges, "members": p.members})
+
+    def apply_round(
+        self,
+        state: CoBoState,
+        plan: Plan,
+        now: Answer | None,
+        arrived: list[tuple[Plan, Answer]],
+    ) -> tuple[CoBoState, dict]:
+        """Eq. (1) from each arrived round's alignment gradients (at its own round's
+        gamma), then Eq. (3) with this round's model-step gradients."""
+        applied = 0
+        for p, (G_align, _) in arrived:
+            state = self.apply_alignment(state, p.keep["edges"], G_align, p.round)
+            applied += p.keep["edges"].shape[0]
+        assert now is not None
+        members = plan.keep["members"]
+        state = self.step(state, members, now[0])
+        stats = self.stats(now[1], plan.keep["edges"].shape[0], members.numel())
+        stats["alignments_applied"] = float(applied)
+        return state, stats
 
     @staticmethod
     def stats(step_loss: torch.Tensor, E: int, n: int) -> dict[str, float]:

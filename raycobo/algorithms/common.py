@@ -7,7 +7,7 @@ from typing import Protocol
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import ClientOps
+from raycobo.algorithms.base import ClientOps, LocalSGD, compute
 from raycobo.algorithms.settings import TopKShare
 
 
@@ -47,19 +47,15 @@ def local_sgd(
     steps: int,
     t: int,
     stream: int,
+    prox: float = 0.0,
+    anchor: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``steps`` SGD steps of each client from its start point. start: (m, d).
+    """``steps`` SGD steps of each client from its start point (m, d), with a proximal
+    term toward ``anchor`` (the start unless given) when ``prox`` > 0 (``LocalSGD``).
+    Where the engine runs them (``TrainsLocally``: the Ray hosts, one call), there.
 
     Returns the end points (m, d) and the first step's minibatch losses (m,)."""
-    Y = start.clone()
-    first_loss = None
-    for s in range(steps):
-        G, loss = ops.grads(clients, Y, t, stream, s)
-        Y -= lr * G
-        if first_loss is None:
-            first_loss = loss
-    assert first_loss is not None
-    return Y, first_loss
+    return compute(ops, LocalSGD(clients, start, lr, steps, stream, prox, anchor), t)
 
 
 def weighted_average(Y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

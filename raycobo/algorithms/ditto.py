@@ -19,7 +19,7 @@ from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
-from raycobo.algorithms.common import sample_clients
+from raycobo.algorithms.common import local_sgd, sample_clients
 from raycobo.algorithms.fedavg import fedavg_round
 from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
 
@@ -52,12 +52,10 @@ class Ditto:
         w_new, _ = fedavg_round(ops, state.w, c, self.seed, t, rng.GLOBAL)
         clients = sample_clients(ops.n_clients, c.client_rate, self.seed, t).to(state.w.device)
         V = state.V.clone()
-        Vk = V[clients]
-        loss = None
-        for s in range(c.local_steps):
-            G, l_s = ops.grads(clients, Vk, t, rng.STEP, s)
-            Vk = Vk - c.lr * (G + c.lam * (Vk - state.w))  # personal step toward w^t
-            loss = l_s if loss is None else loss
+        # personal steps toward w^t: v <- v - lr (g + lam (v - w^t))
+        Vk, loss = local_sgd(
+            ops, clients, V[clients], c.lr, c.local_steps, t, rng.STEP, c.lam, state.w
+        )
         V[clients] = Vk
         return DittoState(w_new, V), {"train_loss": float(loss.mean())}
 

@@ -15,8 +15,16 @@ from typing import Literal
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import ClientOps
-from raycobo.algorithms.common import local_sgd, sample_clients, weighted_average
+from raycobo.algorithms.base import (
+    Answer,
+    ClientOps,
+    Gradients,
+    LocalSGD,
+    Plan,
+    compute,
+    run_plan,
+)
+from raycobo.algorithms.common import sample_clients, weighted_average
 from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
 
 
@@ -33,18 +41,41 @@ class FedAvgState:
     X: torch.Tensor | None = None  # (n, d) personal copies once fine-tuning started
 
 
+def fedavg_request(
+    ops: ClientOps, x: torch.Tensor, cfg: FedAvgConfig, seed: int, t: int, stream: int
+) -> Gradients | LocalSGD:
+    """Round t's work from global model x (d,): the sampled clients' gradients at x (one
+    local step) or their local SGD from x."""
+    clients = sample_clients(ops.n_clients, cfg.client_rate, seed, t).to(x.device)
+    start = x.expand(clients.numel(), -1)  # (m, d) view, no copy
+    if cfg.local_steps == 1:
+        return Gradients(clients, start, stream, 0)
+    return LocalSGD(clients, start, cfg.lr, cfg.local_steps, stream)
+
+
+def fedavg_update(
+    x: torch.Tensor, request: Gradients | LocalSGD, out: torch.Tensor, sizes, lr: float, fresh: bool
+) -> torch.Tensor:
+    """The global model after a round's answers ``out`` (gradients or end points) from
+    clients of training-set ``sizes``. One step: x - lr avg(g), avg_k(x - lr g_k) without
+    the m copies (an older round's gradients, taken at an older x: asynchronous SGD).
+    Local SGD: the average end point where they started from this x (``fresh``), else x
+    plus the average update they made from their own start."""
+    sizes = sizes.to(x.device)
+    if isinstance(request, Gradients):
+        return x - lr * weighted_average(out, sizes)
+    if fresh:
+        return weighted_average(out, sizes)
+    return x + (weighted_average(out, sizes) - request.start[0])
+
+
 def fedavg_round(
     ops: ClientOps, x: torch.Tensor, cfg: FedAvgConfig, seed: int, t: int, stream: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One FedAvg round from global model x (d,). Returns (new x, client losses)."""
-    clients = sample_clients(ops.n_clients, cfg.client_rate, seed, t).to(x.device)
-    sizes = ops.data_sizes().to(x.device)[clients]
-    start = x.expand(clients.numel(), -1)  # (m, d) view, no copy
-    if cfg.local_steps == 1:  # avg_k(x - eta g_k) = x - eta avg_k(g_k): skip the m copies
-        G, loss = ops.grads(clients, start, t, stream, 0)
-        return x - cfg.lr * weighted_average(G, sizes), loss
-    Y, loss = local_sgd(ops, clients, start, cfg.lr, cfg.local_steps, t, stream)
-    return weighted_average(Y, sizes), loss
+    req = fedavg_request(ops, x, cfg, seed, t, stream)
+    out, loss = compute(ops, req, t)
+    return fedavg_update(x, req, out, ops.data_sizes()[req.clients.cpu()], cfg.lr, True), loss
 
 
 class FedAvg:
@@ -57,9 +88,30 @@ class FedAvg:
         return FedAvgState(ops.initial_params().clone(), ops.n_clients)
 
     def round(self, state: FedAvgState, t: int, ops: ClientOps) -> tuple[FedAvgState, dict]:
-        x, loss = fedavg_round(ops, state.x, self.cfg, self.seed, t, rng.STEP)
-        sent = float(2 * loss.numel() * ops.dim * 4)  # the model down and back, float32
-        return FedAvgState(x, state.n), {"train_loss": float(loss.mean()), "bytes_sent": sent}
+        return run_plan(self, state, t, ops)
+
+    # -- PlansRounds: a round's updates may be applied late (engine.rounds: stale) --------
+    def plan_refusal(self) -> str | None:
+        return None
+
+    def plan_round(self, state: FedAvgState, t: int, ops: ClientOps) -> Plan:
+        req = fedavg_request(ops, state.x, self.cfg, self.seed, t, rng.STEP)
+        return Plan(t, ahead=req, keep={"sizes": ops.data_sizes()[req.clients.cpu()]})
+
+    def apply_round(
+        self, state: FedAvgState, plan: Plan, now, arrived: list[tuple[Plan, Answer]]
+    ) -> tuple[FedAvgState, dict]:
+        """The arrived rounds' updates, oldest first; the clients' first-step losses of
+        those rounds (none arrived: no train_loss this round)."""
+        x, losses = state.x, []
+        for p, (out, loss) in arrived:
+            fresh = p.round == plan.round and not losses  # started from this x
+            x = fedavg_update(x, p.ahead, out, p.keep["sizes"], self.cfg.lr, fresh)
+            losses.append(loss)
+        stats = {"train_loss": float(torch.cat(losses).mean())} if losses else {}
+        m = plan.ahead.clients.numel()
+        stats["bytes_sent"] = float(2 * m * x.shape[0] * 4)  # the model down and back
+        return FedAvgState(x, state.n, state.X), stats
 
     def eval_params(self, state: FedAvgState) -> torch.Tensor:
         if state.X is not None:

@@ -23,7 +23,7 @@ class RayRow:
     local_ms: float
     ray_ms: float
     coordination_share: float | None
-    alignment_lag_mean: float | None
+    ahead_lag_mean: float | None
     startup_s: float  # placing the hosts and the coordinator, loading data, first state
     model: str = "mlp"
 
@@ -117,7 +117,7 @@ def _on_ray(base, n_clients: int, local_ms: float, modes, opts, echo) -> list[Ra
         # the hosts share the machine's cores (the local engine uses them all)
         engine = _engine(k, mode, s, threads or shared, gpus_per_client, slow_seconds)
         ray_ms, rep, startup = _measure_ray(load_config(None, [*base, *engine]), n_clients, rounds)
-        share, lag = rep.get("coordination_share"), rep.get("alignment_lag_mean")
+        share, lag = rep.get("coordination_share"), rep.get("ahead_lag_mean")
         row = RayRow(
             n_clients,
             k,

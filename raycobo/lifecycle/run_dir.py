@@ -176,6 +176,9 @@ class _CsvLog:
         if self._f is None:  # the first row names the columns
             self.columns = list(rows[0])
             self._open("w")
+        new = [k for row in rows for k in row if k not in self.columns]
+        if new:  # a statistic that starts later (a late result's loss): widen the file
+            self._widen(list(dict.fromkeys(new)))
         try:
             self._w.writerows(rows)
             self._f.flush()
@@ -183,6 +186,21 @@ class _CsvLog:
             if err.errno == errno.ENOSPC:
                 raise DiskFull(self.path) from None
             raise
+
+    def _widen(self, new: list[str]) -> None:
+        """Rewrite the file with ``new`` columns after the old ones (earlier rows blank
+        there), through a temporary file renamed over it."""
+        self._f.close()
+        with self.path.open(newline="") as f:
+            old_rows = list(csv.DictReader(f))
+        self.columns = [*self.columns, *new]
+        tmp = self.path.with_name(self.path.name + ".widen")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.columns)
+            w.writeheader()
+            w.writerows(old_rows)
+        os.replace(tmp, self.path)
+        self._open("a")
 
     def close(self) -> None:
         if self._f is not None:

@@ -400,3 +400,28 @@ def test_a_signal_inside_a_checkpoint_write_is_delivered_after_it(tmp_path, sig)
     assert isinstance(err.value, Terminated) == (sig == signal.SIGTERM)
     assert torch.equal(torch.load(path)["x"], state["x"])  # written whole, then delivered
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_a_statistic_that_starts_later_widens_the_rounds_file(tmp_path):
+    """rounds.csv takes its columns from the first round; a statistic first reported
+    later (a stale round's loss of the updates it applied, none in the first rounds) is
+    added as a column, the earlier rows blank there, instead of dropped. A resumed file
+    keeps the widened header."""
+    import csv
+
+    from raycobo.lifecycle.run_dir import _CsvLog
+
+    path = tmp_path / "rounds.csv"
+    log = _CsvLog(path, None, None)
+    log.write([{"round": 0, "bytes_sent": 8.0}])
+    log.write([{"round": 1, "train_loss": 0.5, "bytes_sent": 8.0}])
+    log.write([{"round": 2, "train_loss": 0.25, "bytes_sent": 8.0}])
+    log.close()
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[0]) == ["round", "bytes_sent", "train_loss"]
+    assert [r["train_loss"] for r in rows] == ["", "0.5", "0.25"]
+    again = _CsvLog(path, None, 1)  # resume after round 1
+    again.write([{"round": 2, "train_loss": 0.125, "bytes_sent": 8.0}])
+    again.close()
+    rows = list(csv.DictReader(path.open()))
+    assert [r["train_loss"] for r in rows] == ["", "0.5", "0.125"]

@@ -20,8 +20,8 @@ REPORT_DEFAULTS = {
     "rounds_rolled_back": 0,
     "resident_phase_seconds": None,
     "step_blocks_read": None,
-    "alignment_lag_max": None,
-    "alignment_lag_mean": None,
+    "ahead_lag_max": None,
+    "ahead_lag_mean": None,
 }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raycobo.algorithms.base import LocalSGD, sgd_steps
 from raycobo.engine.ray.errors import HostStateLost
 
 
@@ -123,6 +124,19 @@ class ClientHostImpl:
                 self._in(local), self._in(Z), round, self._in(stream), self._in(salt)
             )
             return G.cpu().numpy(), L.cpu().numpy()
+
+        return self._timed(go)
+
+    def local_sgd(self, local, start, anchor, lr, steps, round, stream, prox):
+        """A ``LocalSGD`` request's steps for this host's clients, all here (one call);
+        ``anchor`` None: the start."""
+        self._wait(len(local) * steps)
+
+        def go():
+            ref = None if anchor is None else self._in(anchor)
+            req = LocalSGD(self._in(local), self._in(start), lr, steps, stream, prox, ref)
+            Y, L = sgd_steps(self.ops, req, round)
+            return Y.cpu().numpy(), L.cpu().numpy()
 
         return self._timed(go)
 

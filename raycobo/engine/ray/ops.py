@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import Evaluation
+from raycobo.algorithms.base import Evaluation, Gradients, LocalSGD, Request, compute
 from raycobo.engine.ray.errors import HostsLost, HostStateLost, actor_lost
 
 
@@ -182,12 +182,16 @@ class RayClientOps:
         return self._layout
 
     def grads(self, clients, Z, round, stream, salt=0):
-        m = clients.numel()
-        parts = self._split(clients, Z, rng.per_row(salt, m), rng.per_row(stream, m))
-        res = self._call(
-            "grads", {h: (loc, z, round, st, s) for h, (_, loc, z, s, st) in parts.items()}
-        )
-        return self.gather_grads(m, Z.dtype, parts, res)
+        return self._answer(Gradients(clients, Z, stream, salt), round)
+
+    def local_sgd(self, request: LocalSGD, round: int):
+        """All the steps of a ``LocalSGD`` request in the hosts: one call per host."""
+        return self._answer(request, round)
+
+    def _answer(self, request: Request, t: int):
+        method, parts, args = self._per_host(request, t)
+        res = self._call(method, args)
+        return self.gather_grads(request.clients.numel(), _dtype(request), parts, res)
 
     def gather_grads(self, m: int, dtype, parts: dict, res: dict):
         """Per-host (G, losses) answers back into request order. -> (G (m, d), L (m,))"""
@@ -198,15 +202,29 @@ class RayClientOps:
             L[mask] = torch.from_numpy(res[h][1])
         return G, L
 
-    def grads_async(self, clients, Z, round, stream, salt=0) -> AsyncGrads:
-        """Dispatch a gradient request and return at once (bounded-staleness rounds)."""
-        m = clients.numel()
-        parts = self._split(clients, Z, rng.per_row(salt, m), rng.per_row(stream, m))
-        refs = {
-            h: self.hosts[h].grads.remote(loc, z, round, st, s)
-            for h, (_, loc, z, s, st) in parts.items()
-        }
-        return AsyncGrads(self, (clients, Z, round, stream, salt), parts, refs, Z.dtype)
+    def _per_host(self, request: Request, t: int) -> tuple[str, dict, dict]:
+        """A request split by host: (host method, {host: (mask, ...)}, {host: args})."""
+        r = request
+        m = r.clients.numel()
+        if isinstance(r, Gradients):
+            parts = self._split(
+                r.clients, r.points, rng.per_row(r.salt, m), rng.per_row(r.stream, m)
+            )
+            args = {h: (loc, z, t, st, s) for h, (_, loc, z, s, st) in parts.items()}
+            return "grads", parts, args
+        rows = r.anchor is not None and r.anchor.dim() == 2  # one anchor per client
+        parts = self._split(r.clients, r.start, *((r.anchor,) if rows else ()))
+        args = {}
+        for h, (_, loc, start, *anchor) in parts.items():
+            ref = anchor[0] if rows else (None if r.anchor is None else r.anchor.cpu())
+            args[h] = (loc, start, ref, r.lr, r.steps, t, r.stream, r.prox)
+        return "local_sgd", parts, args
+
+    def submit(self, request: Request, t: int) -> InFlight:
+        """Dispatch a request of round t and return at once (``engine.rounds: stale``)."""
+        method, parts, args = self._per_host(request, t)
+        refs = {h: getattr(self.hosts[h], method).remote(*a) for h, a in args.items()}
+        return InFlight(self, request, t, parts, refs)
 
     def losses(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
@@ -253,22 +271,27 @@ def gather_evaluation(m: int, parts: dict, answers: dict) -> Evaluation:
     return Evaluation(loss=loss, accuracy=acc if has_acc else None)
 
 
-class AsyncGrads:
-    """A gradient request in flight: ``ready()`` without blocking, ``result()`` blocks.
-    A host that died meanwhile is retried through the synchronous path."""
+class InFlight:
+    """A request in flight: ``ready()`` without blocking, ``result()`` blocks. A host that
+    died meanwhile is retried through the synchronous path."""
 
-    def __init__(self, ops: RayClientOps, request: tuple, parts: dict, refs: dict, dtype):
-        self.ops, self.request, self.parts, self.refs, self.dtype = ops, request, parts, refs, dtype
+    def __init__(self, ops: RayClientOps, request: Request, t: int, parts: dict, refs: dict):
+        self.ops, self.request, self.t, self.parts, self.refs = ops, request, t, parts, refs
 
     def ready(self) -> bool:
         done, _ = self.ops.ray.wait(list(self.refs.values()), num_returns=len(self.refs), timeout=0)
         return len(done) == len(self.refs)
 
-    def result(self) -> torch.Tensor:
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         from ray.exceptions import RayActorError
 
         try:
             res = {h: self.ops.get(ref)[0] for h, ref in self.refs.items()}  # drop timing
         except RayActorError:
-            return self.ops.grads(*self.request)[0]
-        return self.ops.gather_grads(self.request[0].numel(), self.dtype, self.parts, res)[0]
+            return compute(self.ops, self.request, self.t)
+        m = self.request.clients.numel()
+        return self.ops.gather_grads(m, _dtype(self.request), self.parts, res)
+
+
+def _dtype(request: Request) -> torch.dtype:
+    return request.points.dtype if isinstance(request, Gradients) else request.start.dtype

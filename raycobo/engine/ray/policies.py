@@ -2,9 +2,10 @@
 
 - :class:`SyncRounds`: the algorithm's own round over the hosts (``RayClientOps``); every
   round waits for its answers. Every registered method runs this way.
-- :class:`StaleRounds` (``engine.rounds: stale``): CoBo with bounded staleness
-  (``engine.staleness``): alignment requests are sent ahead and applied when they
-  arrive, at most that many rounds late.
+- :class:`StaleRounds` (``engine.rounds: stale``): bounded staleness
+  (``engine.staleness``) for any method that plans its rounds (``PlansRounds``: CoBo's
+  alignment, FedAvg's local updates, a plugin's): the plans' ahead requests are sent
+  without waiting and applied when they arrive, at most that many rounds late.
 - ``ResidentRounds`` (``engine.rounds: resident``, ``resident.py``): CoBo with the models
   kept in the hosts.
 
@@ -18,15 +19,25 @@ handling.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 
-from raycobo import rng
-from raycobo.algorithms.base import Elastic, Evaluation, PlansAlignment, StepsInRows
-from raycobo.engine.ray.ops import AsyncGrads, RayClientOps
+from raycobo.algorithms.base import (
+    Elastic,
+    Evaluation,
+    Gradients,
+    LocalSGD,
+    Plan,
+    PlansRounds,
+    StepsInRows,
+    compute,
+    round_result,
+)
+from raycobo.engine.ray.ops import InFlight, RayClientOps
 from raycobo.engine.session import LocalSession
 from raycobo.state import state_tree
 
@@ -100,9 +111,9 @@ class Schedule:
 def schedule_for(cfg, algo) -> Schedule:
     """``engine.rounds`` for this run, checked against what the method can do: resident
     rounds need a method that steps in rows (``StepsInRows``: CoBo, with the settings its
-    ``rows_refusal`` accepts); stale rounds need a method whose alignment is planned
-    apart from its step (``PlansAlignment``: CoBo, in the weights-first order). A
-    combination that cannot run is refused naming the key."""
+    ``rows_refusal`` accepts); stale rounds need a method that plans its rounds
+    (``PlansRounds``, with settings its ``plan_refusal`` accepts). A combination that
+    cannot run is refused naming the key."""
     from raycobo.config import ConfigError
 
     e, a = cfg.engine, cfg.algorithm
@@ -113,16 +124,13 @@ def schedule_for(cfg, algo) -> Schedule:
         else:
             why = algo.rows_refusal()
     elif e.rounds == "stale":
-        if not isinstance(algo, PlansAlignment):
+        if not isinstance(algo, PlansRounds):
             why = (
-                f"algorithm '{a.name}' has no alignment requests to send ahead (cobo has); "
-                "set engine.rounds=sync"
+                f"algorithm '{a.name}' does not plan its rounds (PlansRounds: cobo, fedavg "
+                "do); set engine.rounds=sync"
             )
-        elif getattr(a, "order", "weights_first") != "weights_first":
-            why = (
-                "late alignment results need algorithm.order=weights_first (the "
-                "models_first order waits for each round's W)"
-            )
+        else:
+            why = algo.plan_refusal()
     if why is not None:
         raise ConfigError(f"invalid config key 'engine.rounds': {e.rounds}: {why}")
     lag = e.late_rounds() if e.rounds == "stale" else 0
@@ -182,60 +190,68 @@ class SyncRounds(LocalSession):
 
 
 class StaleRounds(SyncRounds):
-    """CoBo with bounded staleness: the alignment gradients of round t are requested
-    without waiting; the model step goes ahead with W updated by the alignment results
-    that have arrived, and waits only for those ``engine.staleness`` rounds old (all of
-    them at the last round). Results in flight are checkpointed as their requests and
-    sent again on restore (minibatches are counter-based: the answers are the same)."""
+    """Bounded staleness for any method that plans its rounds (``PlansRounds``): round
+    t's ``ahead`` request is sent without waiting; the round applies its ``now`` result
+    and the ahead results that have arrived, waiting only for those ``engine.staleness``
+    rounds old (all of them at the last round). Plans in flight are checkpointed as
+    plain data and sent again on restore (minibatches are counter-based: the answers are
+    the same)."""
 
     def __init__(self, algo, ops: RayClientOps, timing: RoundTiming, staleness: int, rounds: int):
         super().__init__(algo, ops, timing)
         self.staleness, self.rounds = staleness, rounds
-        self.pending: list[tuple[int, torch.Tensor, AsyncGrads]] = []  # (round, edges, req)
-        self.lags: list[int] = []  # rounds each alignment result arrived late
+        self.pending: list[tuple[Plan, InFlight]] = []
+        self.lags: list[int] = []  # rounds each ahead result arrived late
 
     def round(self, t: int) -> dict[str, float]:
         algo, ops = self.algo, self.ops
-        p = algo.plan(self.state, t, ops)
-        E = p.edges.shape[0]
-        if E:
-            req = ops.grads_async(p.align_clients, p.align_points, t, rng.ALIGN, p.align_salts)
-            self.pending.append((t, p.edges, req))
-        G, L = ops.grads(p.members, self.state.X[p.members], t, rng.STEP, 0)
+        plan = algo.plan_round(self.state, t, ops)
+        if plan.ahead is not None:
+            self.pending.append((plan, ops.submit(plan.ahead, t)))
+        now = None if plan.now is None else compute(ops, plan.now, t)
         last = t == self.rounds - 1
-        keep = []
-        applied = 0
-        for r, edges, req in self.pending:
-            if last or r <= t - self.staleness or req.ready():
-                self.state = algo.apply_alignment(self.state, edges, req.result(), r)
-                self.lags.append(t - r)
-                applied += edges.shape[0]
+        arrived, keep = [], []
+        for p, req in self.pending:
+            if last or p.round <= t - self.staleness or req.ready():
+                arrived.append((p, req.result()))
+                self.lags.append(t - p.round)
             else:
-                keep.append((r, edges, req))
+                keep.append((p, req))
         self.pending = keep
-        self.state = algo.step(self.state, p.members, G)
-        stats = algo.stats(L, E, p.members.numel())
-        stats["alignments_applied"] = float(applied)
-        stats["alignments_pending"] = float(sum(e.shape[0] for _, e, _ in keep))
+        self.state, stats = round_result(algo, algo.apply_round(self.state, plan, now, arrived))
+        stats["ahead_applied"] = float(len(arrived))
+        stats["ahead_pending"] = float(len(keep))
         return stats
 
     def snapshot(self) -> dict[str, Any]:
-        pending = [
-            {"round": r, "edges": edges.clone(), "request": state_tree(list(req.request))}
-            for r, edges, req in self.pending
-        ]
+        pending = [state_tree(dataclasses.asdict(p)) | {"kind": _kind(p)} for p, _ in self.pending]
         return {**super().snapshot(), "pending": pending}
 
     def restore(self, tree: dict[str, Any]) -> None:
         super().restore(tree)
-        self.pending = [
-            (p["round"], p["edges"], self.ops.grads_async(*p["request"])) for p in tree["pending"]
-        ]
+        self.pending = []
+        for saved in tree["pending"]:
+            plan = plan_from_tree(saved)
+            self.pending.append((plan, self.ops.submit(plan.ahead, plan.round)))
 
     def report(self) -> dict[str, Any]:
         if not self.lags:
             return {}
-        return {
-            "alignment_lag_max": max(self.lags),
-            "alignment_lag_mean": float(np.mean(self.lags)),
-        }
+        return {"ahead_lag_max": max(self.lags), "ahead_lag_mean": float(np.mean(self.lags))}
+
+
+def _kind(plan: Plan) -> str:
+    return type(plan.ahead).__name__
+
+
+def plan_from_tree(tree: dict[str, Any]) -> Plan:
+    """A checkpointed plan in flight (its ``ahead`` request and ``keep``; ``now`` was
+    computed in its own round)."""
+    if "request" in tree:  # written before plans: CoBo's alignment request and its edges
+        clients, Z, _, stream, salt = tree["request"]
+        return Plan(
+            tree["round"], Gradients(clients, Z, stream, salt), None, {"edges": tree["edges"]}
+        )
+    kinds = {"Gradients": Gradients, "LocalSGD": LocalSGD}
+    ahead = kinds[tree["kind"]](**tree["ahead"])
+    return Plan(tree["round"], ahead, None, dict(tree["keep"]))

@@ -293,12 +293,12 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
         run.close()
     assert report["staleness"] == 2
     # the slow host held results back: some step went ahead of its alignment results ...
-    assert report["alignment_lag_max"] >= 1, report
-    assert report["alignment_lag_max"] <= 2  # ... but never more than 2 rounds
-    assert any(st["alignments_pending"] > 0 for st in stats[:-1])
+    assert report["ahead_lag_max"] >= 1, report
+    assert report["ahead_lag_max"] <= 2  # ... but never more than 2 rounds
+    assert any(st["ahead_pending"] > 0 for st in stats[:-1])
     # every sampled pair's alignment was applied exactly once, and none is left over
     assert sum(st["alignments_applied"] for st in stats) == sum(st["edges"] for st in stats)
-    assert stats[-1]["alignments_pending"] == 0
+    assert stats[-1]["ahead_pending"] == 0
     assert bool((W_r >= 0).all() and (W_r <= 1).all())
     assert torch.isfinite(X_r).all()
     # stale rounds with staleness 0 are the synchronous round: the local engine's numbers
@@ -413,8 +413,9 @@ def test_one_rounds_setting_resolved_once_and_a_key_that_cannot_act_is_refused(
     res = schedule(**{"algorithm.name": "cobo", "engine.rounds": "resident"})
     assert res.host_impl() is ResidentHostImpl
     assert schedule(**{"algorithm.name": "fedavg"}).mode == "sync"
-    with pytest.raises(ConfigError, match="engine.rounds.*'fedavg'"):
-        schedule(**{"algorithm.name": "fedavg", "engine.rounds": "stale"})
+    assert schedule(**{"algorithm.name": "fedavg", "engine.rounds": "stale"}).mode == "stale"
+    with pytest.raises(ConfigError, match="engine.rounds.*'ditto' does not plan"):
+        schedule(**{"algorithm.name": "ditto", "engine.rounds": "stale"})
     with pytest.raises(ConfigError, match="engine.staleness.*rounds=stale, not resident"):
         load_config(None, ["engine.rounds=resident", "engine.staleness=1"])
     with pytest.raises(ConfigError, match="engine.resident.*engine.rounds"):
@@ -567,7 +568,30 @@ def test_a_plugin_method_runs_on_ray_with_the_local_numbers(
 
     env = plugin_runtime_env(cfg)
     assert env is not None and env["py_modules"][0].__name__ == "fedprox_on_ray"
-    ray_matches_local(cfg, 3)
+    ray_matches_local(cfg, 3)  # its LocalSGD requests run in the hosts, one call each
+    # it plans its rounds (PlansRounds): stale rounds with staleness 0 are the same round
+    stale = with_overrides(cfg, {"engine.rounds": "stale", "engine.staleness": 0})
+    ray_matches_local(stale, 3)
+    # and with a slow host, each round's updates are applied at most a round late, once
+    slow = with_overrides(
+        cfg,
+        {
+            "engine.rounds": "stale",
+            "engine.staleness": 1,
+            "engine.slow_hosts": [1],
+            "engine.slow_seconds": 0.05,
+        },
+    )
+    run = RaySession(slow, load_data(slow).n_clients)
+    try:
+        run.start()
+        stats = [run.round(t) for t in range(4)]
+        report = run.report()["engine_report"]
+        X = run.models()
+    finally:
+        run.close()
+    assert sum(st["ahead_applied"] for st in stats) == 4 and stats[-1]["ahead_pending"] == 0
+    assert report["ahead_lag_max"] <= 1 and torch.isfinite(X).all()
 
 
 def test_an_algorithms_own_cluster_agreement_is_used_on_ray(
