@@ -24,6 +24,7 @@ from tests.helpers import DIGITS
 
 REPO = Path(__file__).resolve().parents[1]
 FEDPROX = REPO / "examples" / "plugins" / "fedprox.py"
+GOSSIP = REPO / "examples" / "plugins" / "gossip.py"
 
 MODELS_PY = """
 import torch
@@ -87,11 +88,12 @@ def plugins(tmp_path):
     folder = tmp_path / "plugins"
     folder.mkdir()
     shutil.copy(FEDPROX, folder / "fp_mod.py")
+    shutil.copy(GOSSIP, folder / "examples_gossip.py")
     (folder / "my_models.py").write_text(MODELS_PY)
     (folder / "my_data.py").write_text(DATA_PY)
     (folder / "broken.py").write_text(BROKEN_PY)
     yield folder
-    for name in ("fp_mod", "my_models", "my_data", "broken"):
+    for name in ("fp_mod", "examples_gossip", "my_models", "my_data", "broken"):
         sys.modules.pop(name, None)
 
 
@@ -117,6 +119,37 @@ def test_fedprox_with_mu_zero_gives_fedavgs_numbers(tmp_path, plugins):
     assert prox.summary["algorithm"] == "fp_mod:FedProx"
     mu = raycobo.run(load_config(None, fedprox(plugins, "algorithm.mu=1.0")), tmp_path / "m")
     assert mu.summary["mean_loss"] != avg.summary["mean_loss"]  # mu does something
+
+
+def test_gossip_plugin_is_decentralized_sgd_on_a_ring(tmp_path, plugins):
+    """The second example (a method that steps in rows): M is the ring's uniform
+    neighbourhood mean; with no neighbours (M = I) it is Local, bit for bit; with k it
+    averages the stepped models over i - k .. i + k."""
+    import importlib
+
+    from tests.helpers import build
+
+    base = [*DIGITS, f"plugin_paths=[{plugins}]", "rounds=4"]
+    cfg = load_config(
+        None, [*base, "algorithm.name=examples_gossip:Gossip", "algorithm.neighbors=0"]
+    )
+    ring = importlib.import_module("examples_gossip").ring  # found on the plugin path
+    M = ring(5, 1)
+    assert torch.allclose(M.sum(1), torch.ones(5)) and M[0, 4] == M[0, 1] == M[0, 0] == 1 / 3
+    assert M[0, 2] == 0 and torch.equal(ring(4, 0), torch.eye(4))
+    local = load_config(None, [*base, "algorithm.name=local"])
+    (_, ops, g), (_, ops_l, lo) = build(cfg), build(local)
+    a, b = g.init(ops), lo.init(ops_l)
+    for t in range(4):
+        a, _ = g.round(a, t, ops)
+        b, _ = lo.round(b, t, ops_l)
+    assert torch.equal(g.eval_params(a), lo.eval_params(b))
+    k1 = load_config(None, [*base, "algorithm.name=examples_gossip:Gossip"])
+    _, ops, g1 = build(k1)
+    s0 = g1.init(ops)
+    s1, _ = g1.round(s0, 0, ops)
+    G, _ = ops.grads(torch.arange(ops.n_clients), s0.X, 0, 1, 0)
+    torch.testing.assert_close(s1.X, ring(ops.n_clients, 1) @ (s0.X - k1.algorithm.lr * G))
 
 
 def test_plugin_method_on_both_local_engines_and_its_settings(tmp_path, plugins):

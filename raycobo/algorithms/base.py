@@ -274,12 +274,53 @@ def run_plan(algo: PlansRounds, state: Any, t: int, ops: ClientOps) -> tuple[Any
 
 @runtime_checkable
 class StepsInRows(Protocol):
-    """A round that hosts each keeping some clients' models and weight rows can compute
-    between them (the Ray engine's resident mode): the round's settings, whose methods
-    the hosts call on their rows (CoBo's ``RowStep``), and why the method's settings
-    cannot run so (None: they can)."""
+    """A round that hosts, each keeping some clients' models (rows of X) and their rows
+    of a weight matrix W, compute between them (the Ray engine's ``engine.rounds:
+    resident``). The coordinator keeps the method's *rows state*: its state without the
+    models, which has ``W`` (n, n) and ``active`` ((n,) bool or None: every client
+    present). Each round:
+
+    1. ``sample_edges(active, t, n, W=W)`` -> (pairs (E, 2) with i < j, possibly none;
+       the members (m,) that step);
+    2. every host computes, with the round's ``row_step(t, state)`` (sent to every host:
+       ``midpoints(X_own, X_partner)``, ``stepped(X, members, G)``, ``update_w(W_rows,
+       ids, edges, G_i, G_j)`` -> (rows, scores), ``step(X_rows, G, Y_rows, W_rows,
+       blocks)`` and ``at``, "stepped" where the step reads the stepped models), its
+       pairs' gradients at their midpoints and its members' at their models, then its
+       W rows and its rows' step over the models of the hosts its W rows read
+       (``rows_read``);
+    3. ``apply_scores(state, edges, scores, t)`` keeps the coordinator's W in step with
+       the hosts', ``stats(losses, E, m)`` gives the round's statistics.
+
+    ``rows_start(ops)`` gives W^0 and the extras the rows state keeps (checkpointed by
+    name); ``rows_state(W, active, extras)`` builds it; ``samples_from_w`` says whether
+    round t's pairs read W^t; ``updates_whole_rows`` whether a pair's update may change
+    every entry of its two rows (a projection onto the simplex), not only its own two;
+    ``rows_refusal`` why the method's settings cannot run so (None: they can)."""
+
+    def rows_start(self, ops: ClientOps) -> tuple[torch.Tensor, dict[str, Any]]: ...
+
+    def rows_state(self, W: torch.Tensor, active: torch.Tensor | None, extras: dict) -> Any: ...
+
+    def sample_edges(
+        self, active: torch.Tensor | None, t: int, n_clients: int, device=None, W=None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def samples_from_w(self, t: int, n: int) -> bool: ...
 
     def row_step(self, t: int, state: Any) -> Any: ...
+
+    def apply_scores(
+        self, state: Any, edges: torch.Tensor, scores: torch.Tensor, t: int
+    ) -> Any: ...
+
+    def rows_read(self, W: torch.Tensor) -> torch.Tensor: ...
+
+    def updates_whole_rows(self) -> bool: ...
+
+    def stats(self, step_loss: torch.Tensor, E: int, n: int) -> dict[str, float]: ...
+
+    def present(self, state: Any) -> int: ...
 
     def rows_refusal(self) -> str | None: ...
 

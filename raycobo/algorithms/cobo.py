@@ -733,6 +733,24 @@ class CoBo:
             c.pull_at,
         )
 
+    def rows_start(self, ops: ClientOps) -> tuple[torch.Tensor, dict]:
+        """W^0 for hosts that keep the rows (dense), and the bounded cosine's unit."""
+        self.penalty(ops.n_clients)  # an unstable explicit rho stops here
+        X0 = ops.initial_params().expand(ops.n_clients, -1)
+        W = initial_weights(ops.n_clients, self.cfg.domain, value=self.cfg.initial_weight)
+        return W, {"scale": self.initial_scale(ops, X0)}
+
+    def rows_state(self, W: torch.Tensor, active: torch.Tensor | None, extras: dict) -> CoBoState:
+        """W and membership as a CoBoState (the models stay in the hosts)."""
+        return CoBoState(torch.empty(W.shape[0], 0), W, active, scale=extras.get("scale"))
+
+    def rows_read(self, W: torch.Tensor) -> torch.Tensor:
+        """The entries Eq. (3) reads: w_ij > 0 and at least the pull's threshold."""
+        return pull_weights(W, "sum", self.threshold()).gt(0)
+
+    def updates_whole_rows(self) -> bool:
+        return self.cfg.domain == "simplex"  # a projected row can turn any entry > 0
+
     def sampler(self, n: int) -> EdgeSampler:
         return EdgeSampler.for_cobo(self.cfg, n, self.rounds, self.seed)
 

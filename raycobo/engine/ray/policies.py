@@ -6,8 +6,8 @@
   (``engine.staleness``) for any method that plans its rounds (``PlansRounds``: CoBo's
   alignment, FedAvg's local updates, a plugin's): the plans' ahead requests are sent
   without waiting and applied when they arrive, at most that many rounds late.
-- ``ResidentRounds`` (``engine.rounds: resident``, ``resident.py``): CoBo with the models
-  kept in the hosts.
+- ``ResidentRounds`` (``engine.rounds: resident``, ``resident.py``): a method that steps
+  in rows (``StepsInRows``: CoBo, a plugin's) with the models kept in the hosts.
 
 :func:`schedule_for` resolves ``engine.rounds`` once into a :class:`Schedule`, which
 gives the host class, the hosts' actor options and the policy.
@@ -120,7 +120,10 @@ def schedule_for(cfg, algo) -> Schedule:
     why = None
     if e.rounds == "resident":
         if not isinstance(algo, StepsInRows):
-            why = f"algorithm '{a.name}' has no round in rows for hosts to keep (cobo has)"
+            why = (
+                f"algorithm '{a.name}' does not step in rows for hosts to keep "
+                "(StepsInRows: cobo does)"
+            )
         else:
             why = algo.rows_refusal()
     elif e.rounds == "stale":

@@ -1,26 +1,26 @@
-"""Host-resident CoBo (``engine.rounds: resident``): the coordinator's round policy for the
-two-phase, pipelined rounds in which models and alignment gradients go host to host and
-only W rows, indices and scores pass through the coordinator (the hosts' side is
-``resident_host.py``)."""
+"""Host-resident rows (``engine.rounds: resident``): the coordinator's round policy for the
+two-phase, pipelined rounds in which models and pair gradients go host to host and only
+W rows, indices and scores pass through the coordinator (the hosts' side is
+``resident_host.py``), for any method that steps in rows (``StepsInRows``: CoBo, or a
+plugin's); the engine holds none of their equations."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from raycobo.algorithms.base import Evaluation, cluster_agreement
+from raycobo.algorithms.base import Evaluation, StepsInRows, cluster_agreement
 from raycobo.engine.ray.errors import HostStateLost, actor_lost
 from raycobo.engine.ray.ops import RayClientOps, gather_evaluation
 from raycobo.engine.ray.policies import RoundTiming
 from raycobo.engine.ray.resident_host import GradsRequest, StepAnswer, UpdateRequest
 from raycobo.state import state_tree
 
-if TYPE_CHECKING:
-    from raycobo.algorithms.cobo import RowStep
+RowStep = Any  # the round's row step, the method's (``StepsInRows.row_step``)
 
 
 @dataclass
@@ -74,15 +74,15 @@ def _addresses(sources: list[int], hosts: torch.Tensor, rows: torch.Tensor) -> n
 
 
 class ResidentRounds:
-    """CoBo with host-resident models: the coordinator keeps W (a copy, from the scores
-    the hosts return), the present clients and references to the hosts' published
-    models; each round is submitted one ahead."""
+    """A method stepping in rows with host-resident models: the coordinator keeps W (a
+    copy, from the scores the hosts return), the present clients, the method's extras
+    and references to the hosts' published models; each round is submitted one ahead."""
 
-    def __init__(self, algo, ops: RayClientOps, timing: RoundTiming, rounds: int):
+    def __init__(self, algo: StepsInRows, ops: RayClientOps, timing: RoundTiming, rounds: int):
         self.algo, self.ops, self.timing, self.rounds = algo, ops, timing, rounds
         self.W: torch.Tensor | None = None
         self.active: torch.Tensor | None = None  # present clients (None: all)
-        self.scale: torch.Tensor | None = None  # CoBo.initial_scale (alignment bounded)
+        self.extras: dict[str, Any] = {}  # the rows state's own (CoBo: the cosine's unit)
         self.blocks: list = []  # every host's published models, x^t (object references)
         self.ahead: _Pending | None = None  # the next round, already submitted
         self.rolled_back = 0  # rounds submitted ahead and discarded (membership changed)
@@ -90,15 +90,9 @@ class ResidentRounds:
         self.blocks_read = [0, 0]  # host model blocks read by steps, of H * H
 
     def start(self) -> None:
-        from raycobo.algorithms.cobo import initial_weights
-
         ops = self.ops
         x0 = ops.initial_params().numpy()
-        self.algo.penalty(ops.n_clients)  # an unstable explicit rho stops here
-        c = self.algo.cfg
-        self.W = initial_weights(ops.n_clients, c.domain, value=c.initial_weight)
-        X0 = ops.initial_params().expand(ops.n_clients, -1)
-        self.scale = self.algo.initial_scale(ops, X0)  # alignment bounded: its unit
+        self.W, self.extras = self.algo.rows_start(ops)
         ops.get(
             [
                 h.res_init.remote(x0, self.W[rows].numpy())
@@ -111,7 +105,7 @@ class ResidentRounds:
         res = tree["resident"]
         self.ahead = None
         self.W, self.active = res["W"].clone(), res["active"]
-        self.scale = res.get("scale")
+        self.extras = {k: v for k, v in res.items() if k not in ("X", "W", "active")}
         X = res["X"]
         self.blocks = [self.ops.ray.put(X[rows].numpy()) for rows in self.ops.layout]
         self._load_hosts(self.blocks)
@@ -123,15 +117,14 @@ class ResidentRounds:
                 "X": self.models(),
                 "W": self.W.clone(),
                 "active": state_tree(self.active),
-                "scale": state_tree(self.scale),
+                **state_tree(self.extras),  # CoBo's "scale", as before
             }
         }
 
     def _state(self):
-        """W and membership as a CoBoState (the models stay in the hosts)."""
-        from raycobo.algorithms.cobo import CoBoState
-
-        return CoBoState(torch.empty(self.ops.n_clients, 0), self.W, self.active, scale=self.scale)
+        """The method's rows state (its state without the models, which stay in the
+        hosts)."""
+        return self.algo.rows_state(self.W, self.active, self.extras)
 
     def evaluate(self) -> Evaluation:
         """The committed models of the live hosts; dropped clients read NaN. A round
@@ -275,8 +268,8 @@ class ResidentRounds:
     def _submit(
         self, t: int, blocks: list | None = None, pending_edges: torch.Tensor | None = None
     ) -> _Pending:
-        """CoBo with host-resident models and W rows; every host's x^t is in the object
-        store (published by its last step). Two calls per host, submitted at once, with
+        """A round with host-resident models and W rows; every host's x^t is in the
+        object store (published by its last step). Two calls per host, submitted at once, with
         no wait in between: phase 1 (``res_grads``) computes each host's clients'
         gradients at the midpoints of their sampled pairs and at their own models;
         phase 2 (``res_update``) reads both endpoints' gradients host to host, takes Eq.
@@ -388,8 +381,6 @@ class ResidentRounds:
         some w_ik > 0 (and at least the pull's threshold) between present clients. From
         the committed W: until the step, an entry can only change on a pair sampled since
         (``edge_sets``), so those hosts are linked as well."""
-        from raycobo.algorithms.cobo import pull_weights
-
         ops, H = self.ops, len(self.ops.hosts)
         W = self.W
         if self.active is not None:  # only pairs of present clients
@@ -397,7 +388,7 @@ class ResidentRounds:
             W = W * present[:, None] * present[None, :]
         onehot = torch.zeros(ops.n_clients, H)
         onehot[torch.arange(ops.n_clients), ops.owner] = 1.0
-        weighed = pull_weights(W, "sum", self.algo.threshold()).gt(0)  # what the step reads
+        weighed = self.algo.rows_read(W)  # the entries the step reads
         links = (onehot.T @ weighed.to(torch.float32) @ onehot) > 0
         for edges in edge_sets:
             if edges is None:
@@ -405,7 +396,7 @@ class ResidentRounds:
             hi, hj = ops.owner[edges[:, 0]], ops.owner[edges[:, 1]]
             links[hi, hj] = True
             links[hj, hi] = True
-            if self.algo.cfg.domain == "simplex":  # a projected row can turn any entry >0
+            if self.algo.updates_whole_rows():  # e.g. a row projected onto the simplex
                 links[hi] = True
                 links[hj] = True
         links[torch.arange(H), torch.arange(H)] = True

@@ -1,11 +1,14 @@
-"""The client host of host-resident CoBo (``engine.rounds: resident``): a :class:`ClientHostImpl`
-that also keeps its clients' models and W rows. A round is two calls, ``res_grads``
-(phase 1) then ``res_update`` (phase 2); see ``raycobo.engine.ray.resident``."""
+"""The client host of host-resident rows (``engine.rounds: resident``): a
+:class:`ClientHostImpl` that also keeps its clients' models and W rows. A round is two
+calls, ``res_grads`` (phase 1) then ``res_update`` (phase 2), whose equations are the
+method's row step (``StepsInRows.row_step``, e.g. CoBo's ``RowStep``); see
+``raycobo.engine.ray.resident``. Pair gradients are drawn on stream ALIGN salted by the
+partner, the members' on stream STEP, as CoBo's synchronous round draws them."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -15,8 +18,7 @@ from raycobo.engine.ray.errors import HostStateLost
 from raycobo.engine.ray.host import ClientHostImpl
 from raycobo.engine.ray.layout import host_layout
 
-if TYPE_CHECKING:
-    from raycobo.algorithms.cobo import RowStep
+RowStep = Any  # the method's row step (``StepsInRows.row_step``)
 
 
 class GradsRequest(NamedTuple):
@@ -125,7 +127,7 @@ class ResidentHostImpl(ClientHostImpl):
         """Phase 2: the scores of the sampled pairs that touch this host (both gradients
         read from phase 1's published arrays) and Eq. (1) on this host's W rows, then
         Eq. (3) for its present clients against the published models of the hosts they
-        collaborate with (x^t, or their phase-1 stepped models), both as ``hp`` (CoBo's
+        collaborate with (x^t, or their phase-1 stepped models), both as ``hp`` (the method's
         ``RowStep``) computes them. parts: ``req.n_grads`` phase-1 answers, then (host,
         block) pairs (references Ray resolves only as top-level arguments). ->
         (:class:`StepAnswer`, the new block)"""

@@ -594,6 +594,38 @@ def test_a_plugin_method_runs_on_ray_with_the_local_numbers(
     assert report["ahead_lag_max"] <= 1 and torch.isfinite(X).all()
 
 
+def test_a_plugin_that_steps_in_rows_runs_every_schedule(
+    ray_2_cpus_2_fake_gpus, digits_cfg, tmp_path
+):
+    """(#34) The gossip example (decentralized SGD on a ring) declares both capabilities,
+    PlansRounds and StepsInRows, without any CoBo code: sync, stale (staleness 0) and
+    resident (the hosts keep its models and rows of M and read only the hosts their
+    rows weigh) all give the local engine's numbers."""
+    import shutil
+    from pathlib import Path
+
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    example = Path(__file__).resolve().parents[3] / "examples" / "plugins" / "gossip.py"
+    shutil.copy(example, folder / "gossip_on_ray.py")
+    cfg = with_overrides(
+        digits_cfg(
+            "engine.kind=ray",
+            "engine.clients_per_actor=1",
+            "engine.cpus_per_actor=0.5",
+            f"engine.timeout_s={TIMEOUT}",
+            f"plugin_paths=[{folder}]",
+        ),
+        {"algorithm.name": "gossip_on_ray:Gossip"},
+    )
+    ray_matches_local(cfg, 3)
+    ray_matches_local(with_overrides(cfg, {"engine.rounds": "stale", "engine.staleness": 0}), 3)
+    _, report = ray_matches_local(with_overrides(cfg, {"engine.rounds": "resident"}), 3)
+    assert report["rounds"] == "resident"
+    # four hosts of one client on a ring of k = 1: each host reads itself and two others
+    assert report["step_blocks_read"] == pytest.approx(12 / 16)
+
+
 def test_an_algorithms_own_cluster_agreement_is_used_on_ray(
     ray_2_cpus_2_fake_gpus, digits_cfg, tmp_path
 ):
