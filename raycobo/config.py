@@ -208,9 +208,57 @@ class EngineConfig(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _engine_reads_it(self) -> EngineConfig:
+        """A key of another engine (its section, ``ENGINE_KEYS``) set away from its
+        default would do nothing: refused, naming it and the engine that reads it."""
+        for key in unread_engine_keys(self):
+            owner = next(k for k, keys in ENGINE_KEYS.items() if key in keys)
+            raise ValueError(
+                f"{key}: a setting of engine.kind={owner}; with engine.kind={self.kind} it "
+                f"would do nothing (drop it, or set engine.kind={owner})"
+            )
+        return self
+
     def late_rounds(self) -> int:
         """The rounds a late result may lag under ``rounds: stale``."""
         return 1 if self.staleness is None else self.staleness
+
+
+# each engine's own section of ``engine.*`` (the dotted names stay flat: they are
+# contracts). Keys not listed are shared: kind, device, threads, precision, strategy,
+# memory_gb, chunk_size, channels_last (every engine that computes client batches, the
+# Ray hosts included) and the Ray *instance*'s address, connect_timeout_s, num_cpus,
+# num_gpus, dashboard and timeout_s (read wherever Ray runs: the Ray engine, a parallel
+# compare's tasks, a sweep's trials)
+ENGINE_KEYS: dict[str, tuple[str, ...]] = {
+    "ray": (
+        # the client hosts: placement and resources
+        "gpus_per_client",
+        "clients_per_actor",
+        "cpus_per_actor",
+        # failures and stragglers
+        "max_restarts",
+        "on_failure",
+        "slow_hosts",
+        "slow_seconds",
+        # the round's schedule
+        "rounds",
+        "staleness",
+    ),
+}
+
+
+def unread_engine_keys(e: EngineConfig) -> list[str]:
+    """The keys of other engines' sections that ``e`` sets away from their defaults."""
+    fields = type(e).model_fields
+    return [
+        key
+        for kind, keys in ENGINE_KEYS.items()
+        if kind != e.kind
+        for key in keys
+        if getattr(e, key) != fields[key].get_default(call_default_factory=True)
+    ]
 
 
 class TrackingConfig(_Section):
@@ -434,7 +482,9 @@ def _set_all(tree: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, An
     """Set dotted keys. An ``algorithm.name`` that switches the method first drops the
     settings of the old method that the new one does not have (unless set here too, when
     validation refuses them): ``compare`` entries, sweeps over methods and
-    ``algorithm.name=ditto`` on a CoBo config keep only what the methods share."""
+    ``algorithm.name=ditto`` on a CoBo config keep only what the methods share. An
+    ``engine.kind`` that switches the engine drops the old engine's own keys the same
+    way (``ENGINE_KEYS``: ``engine.kind=local`` on a Ray config)."""
     given = {k for k, _ in pairs}
     new = next((v for k, v in reversed(pairs) if k == "algorithm.name"), None)
     # a plugin named here is looked up now: the config's plugin_paths (or one set in
@@ -447,6 +497,12 @@ def _set_all(tree: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, An
         keep = method(new).settings.model_fields
         for key in [k for k in section if k not in keep and f"algorithm.{k}" not in given]:
             del section[key]
+    engine = tree.get("engine")
+    kind = next((v for k, v in reversed(pairs) if k == "engine.kind"), None)
+    if isinstance(engine, dict) and kind is not None and engine.get("kind", "local") != kind:
+        for key in ENGINE_KEYS.get(engine.get("kind", "local"), ()):  # the old engine's own
+            if f"engine.{key}" not in given:
+                engine.pop(key, None)
     for key, value in pairs:
         set_dotted(tree, key, value)
     return tree

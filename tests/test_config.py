@@ -95,3 +95,30 @@ def test_examples_start_with_their_command_and_validate():
         first = path.read_text().splitlines()[0]
         assert first.startswith("# raycobo "), path
         load_config(path)
+
+
+def test_a_key_of_another_engine_is_refused_and_switching_engines_drops_it():
+    """engine.* keys that only the Ray engine reads (ENGINE_KEYS: its hosts, failures,
+    schedule) set on a local run would do nothing: refused with one line naming the key
+    and the engine that reads it. Switching engine.kind by an override (a Ray YAML run
+    locally) drops the old engine's own keys, as switching algorithm.name drops the old
+    method's; the Ray instance's keys (address, num_cpus, ...) stay, since a parallel
+    compare or a sweep on a local engine reads them too."""
+    from raycobo.config import ENGINE_KEYS, unread_engine_keys
+
+    with pytest.raises(ConfigError, match=r"'engine.clients_per_actor'.*engine.kind=ray.*local"):
+        load_config(None, ["engine.clients_per_actor=4"])
+    with pytest.raises(ConfigError, match=r"'engine.max_restarts'.*engine.kind=loop"):
+        load_config(None, ["engine.kind=loop", "engine.max_restarts=1"])
+    with pytest.raises(ConfigError, match=r"'engine.rounds'"):
+        load_config(None, ["engine.rounds=resident"])
+    assert load_config(None, ["engine.num_cpus=2", "engine.timeout_s=5"]).engine.num_cpus == 2
+    ray_cfg = load_config(
+        None, ["engine.kind=ray", "engine.clients_per_actor=4", "engine.rounds=stale"]
+    )
+    local = with_overrides(ray_cfg, {"engine.kind": "local"})
+    assert local.engine.clients_per_actor == "auto" and local.engine.rounds == "sync"
+    assert unread_engine_keys(local.engine) == []
+    with pytest.raises(ConfigError, match="engine.clients_per_actor"):  # given with the switch
+        with_overrides(ray_cfg, {"engine.kind": "local", "engine.clients_per_actor": 2})
+    assert "rounds" in ENGINE_KEYS["ray"] and "threads" not in ENGINE_KEYS["ray"]

@@ -198,3 +198,24 @@ def test_a_plan_in_flight_survives_a_checkpoint(planner):
     legacy = plan_from_tree(old)
     assert isinstance(legacy.ahead, Gradients) and legacy.ahead.stream == 2
     assert torch.equal(legacy.keep["edges"], old["edges"]) and isinstance(legacy, Plan)
+
+
+@pytest.mark.parametrize("key", ["cobo", "fedavg-3"])
+def test_a_stale_run_resumes_with_its_plans_in_flight(planner, key):
+    """Checkpointed after round 2 with two plans in flight, restored into a new policy
+    (the plans sent again) and continued: the numbers of the run never interrupted
+    (results held back past the bound, so each is applied exactly 2 rounds late)."""
+    cfg = planner(key, "rounds=6")
+    whole, _ = stale_run(cfg, 6, staleness=2, delay=9)
+    _, ops, algo = build(cfg, rounds=6)
+    first = StaleRounds(algo, LateOps(ops, 9), RoundTiming(), 2, 6)
+    first.start()
+    for t in range(3):
+        first.round(t)
+    tree = first.snapshot()
+    assert len(tree["pending"]) == 2 and "now" not in tree["pending"][0]
+    again = StaleRounds(algo, LateOps(ops, 9), RoundTiming(), 2, 6)
+    again.restore(tree)
+    for t in range(3, 6):
+        again.round(t)
+    assert torch.equal(again.models(), whole.models())

@@ -227,7 +227,15 @@ class StaleRounds(SyncRounds):
         return stats
 
     def snapshot(self) -> dict[str, Any]:
-        pending = [state_tree(dataclasses.asdict(p)) | {"kind": _kind(p)} for p, _ in self.pending]
+        pending = [
+            {  # the plan's ahead request and keep (its now was computed in its round)
+                "round": p.round,
+                "kind": type(p.ahead).__name__,
+                "ahead": state_tree(dataclasses.asdict(p.ahead)),
+                "keep": state_tree(p.keep),
+            }
+            for p, _ in self.pending
+        ]
         return {**super().snapshot(), "pending": pending}
 
     def restore(self, tree: dict[str, Any]) -> None:
@@ -241,10 +249,6 @@ class StaleRounds(SyncRounds):
         if not self.lags:
             return {}
         return {"ahead_lag_max": max(self.lags), "ahead_lag_mean": float(np.mean(self.lags))}
-
-
-def _kind(plan: Plan) -> str:
-    return type(plan.ahead).__name__
 
 
 def plan_from_tree(tree: dict[str, Any]) -> Plan:

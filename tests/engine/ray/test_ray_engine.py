@@ -433,7 +433,8 @@ def test_one_rounds_setting_resolved_once_and_a_key_that_cannot_act_is_refused(
         ({"resident": False, "staleness": 2}, "stale", 2),
         ({"resident": False, "staleness": 0}, "sync", None),
     ):
-        (tmp_path / "config.yaml").write_text(yaml.safe_dump({"engine": old}))
+        stored = {"engine": {"kind": "ray", **old}}  # a Ray run's config.yaml (the keys)
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(stored))
         e = load_stored_config(tmp_path / "config.yaml").engine
         assert (e.rounds, e.staleness) == (mode, lag)
     # a sweep's base (the config as given, not pinned): the engine keys alone are renamed
@@ -521,7 +522,8 @@ def test_plan_hosts_auto_and_explicit():
     from raycobo.engine.ray import plan_hosts
 
     def plan(n, cpus, gpus=0.0, fixed=True, **keys):
-        e = load_config(None, [f"engine.{k}={v}" for k, v in keys.items()]).engine
+        over = ["engine.kind=ray", *(f"engine.{k}={v}" for k, v in keys.items())]
+        e = load_config(None, over).engine
         res = {"CPU": cpus, "GPU": gpus}
         return plan_hosts(e, n, res, res, fixed=fixed)
 
@@ -580,6 +582,7 @@ def test_a_plugin_method_runs_on_ray_with_the_local_numbers(
             "engine.staleness": 1,
             "engine.slow_hosts": [1],
             "engine.slow_seconds": 0.05,
+            "rounds": 4,  # the last round waits for every plan left
         },
     )
     run = RaySession(slow, load_data(slow).n_clients)
@@ -649,6 +652,7 @@ def test_an_algorithms_own_cluster_agreement_is_used_on_ray(
     (folder / "agreeing_on_ray.py").write_text(text)
     base = with_overrides(
         digits_cfg(
+            "engine.kind=ray",  # switching to local below drops the Ray keys
             "engine.clients_per_actor=2",
             "engine.cpus_per_actor=0.5",
             f"engine.timeout_s={TIMEOUT}",
