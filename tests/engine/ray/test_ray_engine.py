@@ -544,27 +544,34 @@ def test_plan_hosts_auto_and_explicit():
     assert (p.hosts, p.cpus_per_actor) == (7, 1.0)
 
 
-def test_a_plugin_method_runs_on_ray_with_the_local_numbers(
-    ray_2_cpus_2_fake_gpus, digits_cfg, tmp_path
-):
-    """A method from a module in a temporary folder: the hosts and the coordinator get
-    it through Ray's runtime environment (py_modules), not from the machine's path."""
+def example_plugin_on_ray(digits_cfg, tmp_path, example: str, name: str, per_actor: int):
+    """A Ray config running ``examples/plugins/<example>.py`` copied into a temporary
+    plugin folder as the module of ``name`` (module:Class)."""
     import shutil
     from pathlib import Path
 
     folder = tmp_path / "plugins"
     folder.mkdir()
-    example = Path(__file__).resolve().parents[3] / "examples" / "plugins" / "fedprox.py"
-    shutil.copy(example, folder / "fedprox_on_ray.py")
+    source = Path(__file__).resolve().parents[3] / "examples" / "plugins" / f"{example}.py"
+    shutil.copy(source, folder / f"{name.partition(':')[0]}.py")
+    return digits_cfg(
+        "engine.kind=ray",
+        f"engine.clients_per_actor={per_actor}",
+        "engine.cpus_per_actor=0.5",
+        f"engine.timeout_s={TIMEOUT}",
+        f"plugin_paths=[{folder}]",
+        f"algorithm.name={name}",
+    )
+
+
+def test_a_plugin_method_runs_on_ray_with_the_local_numbers(
+    ray_2_cpus_2_fake_gpus, digits_cfg, tmp_path
+):
+    """A method from a module in a temporary folder: the hosts and the coordinator get
+    it through Ray's runtime environment (py_modules), not from the machine's path."""
     cfg = with_overrides(
-        digits_cfg(
-            "engine.kind=ray",
-            "engine.clients_per_actor=2",
-            "engine.cpus_per_actor=0.5",
-            f"engine.timeout_s={TIMEOUT}",
-            f"plugin_paths=[{folder}]",
-        ),
-        {"algorithm.name": "fedprox_on_ray:FedProx", "algorithm.mu": 0.1},
+        example_plugin_on_ray(digits_cfg, tmp_path, "fedprox", "fedprox_on_ray:FedProx", 2),
+        {"algorithm.mu": 0.1},
     )
     from raycobo.engine.ray.layout import plugin_runtime_env
 
@@ -604,23 +611,7 @@ def test_a_plugin_that_steps_in_rows_runs_every_schedule(
     PlansRounds and StepsInRows, without any CoBo code: sync, stale (staleness 0) and
     resident (the hosts keep its models and rows of M and read only the hosts their
     rows weigh) all give the local engine's numbers."""
-    import shutil
-    from pathlib import Path
-
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    example = Path(__file__).resolve().parents[3] / "examples" / "plugins" / "gossip.py"
-    shutil.copy(example, folder / "gossip_on_ray.py")
-    cfg = with_overrides(
-        digits_cfg(
-            "engine.kind=ray",
-            "engine.clients_per_actor=1",
-            "engine.cpus_per_actor=0.5",
-            f"engine.timeout_s={TIMEOUT}",
-            f"plugin_paths=[{folder}]",
-        ),
-        {"algorithm.name": "gossip_on_ray:Gossip"},
-    )
+    cfg = example_plugin_on_ray(digits_cfg, tmp_path, "gossip", "gossip_on_ray:Gossip", 1)
     ray_matches_local(cfg, 3)
     ray_matches_local(with_overrides(cfg, {"engine.rounds": "stale", "engine.staleness": 0}), 3)
     _, report = ray_matches_local(with_overrides(cfg, {"engine.rounds": "resident"}), 3)
