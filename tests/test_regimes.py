@@ -222,3 +222,24 @@ def test_the_tuned_entry_is_the_best_sweep_point_on_validation():
     assert report.tuned_points(tuned) == (
         "`tuned`, the sweep point best on each cell's validation split: quad-2x2 gamma 3.0."
     )
+
+
+def test_the_gap_closed_carries_its_standard_error_over_seeds():
+    """Beside the gap closed (of the seed means), the spread of the per-seed gaps over
+    sqrt(seeds): a cell whose Oracle - Local is a few points is noisy, and the report
+    says how much; none with one seed."""
+    row = {"cell": "digits-8-r100", "diverged": False, "loss": None}
+    rows = [
+        {**row, "entry": "local", "seed": 0, "accuracy": 0.80},
+        {**row, "entry": "local", "seed": 1, "accuracy": 0.60},
+        {**row, "entry": "oracle", "seed": 0, "accuracy": 0.90},
+        {**row, "entry": "oracle", "seed": 1, "accuracy": 0.90},
+        {**row, "entry": "cobo", "seed": 0, "accuracy": 0.85},
+    ]
+    assert report.summarize(rows)["digits-8-r100"]["cobo"]["gap_se"] is None
+    rows.append({**row, "entry": "cobo", "seed": 1, "accuracy": 0.90})  # gaps 0.5 and 1.0
+    table = report.summarize(rows)
+    cobo = table["digits-8-r100"]["cobo"]
+    assert cobo["gap"] == pytest.approx(0.875)  # (0.875 - 0.70) / (0.90 - 0.70)
+    assert cobo["gap_se"] == pytest.approx(0.5 / 2**0.5 / 2**0.5)  # sd 0.354 / sqrt 2
+    assert "**87 %** ± 25" in report.markdown(table, ["cobo"])  # 0.87499...

@@ -82,6 +82,7 @@ def summarize(rows: list[dict]) -> dict:
             table[cell][e] = {
                 "score": s,
                 "gap": gap,
+                "gap_se": gap_se(rs, entries, seeds, key),
                 "n": len(rs),
                 "diverged": sum(r["diverged"] for r in rs),
                 "w_within": _mean([r.get("w_within") for r in rs]),
@@ -95,6 +96,27 @@ def summarize(rows: list[dict]) -> dict:
                 "metric": key,
             }
     return table
+
+
+def gap_se(rows: list[dict], entries: dict, seeds: set, key: str) -> float | None:
+    """The standard error of the gap closed over seeds: the spread of the per-seed gaps
+    (each seed's entry against that seed's baselines) over the square root of their
+    number; None with fewer than two seeds. A cell whose gap is small in points has a
+    large one: a point of one seed's accuracy moves its gap closed a lot."""
+    one = {}
+    for name in ("local", "oracle"):
+        one[name] = {r["seed"]: r[key] for r in entries.get(name, []) if not r["diverged"]}
+    per = []
+    for r in rows:
+        s = r["seed"]
+        if s not in seeds or r["diverged"] or s not in one["local"] or s not in one["oracle"]:
+            continue
+        span = one["oracle"][s] - one["local"][s]
+        if span:
+            per.append((r[key] - one["local"][s]) / span)
+    if len(per) < 2:
+        return None
+    return statistics.stdev(per) / math.sqrt(len(per))
 
 
 def counts(table: dict, cell: str) -> bool:
@@ -132,6 +154,8 @@ def markdown(table: dict, entries: list[str]) -> str:
                 row.append("-")
                 continue
             gap = "" if v["gap"] is None else f", **{100 * v['gap']:.0f} %**"
+            if v["gap"] is not None and v.get("gap_se") is not None:
+                gap += f" ± {100 * v['gap_se']:.0f}"
             inside = "" if v["mass_inside"] is None else f", in {v['mass_inside']:.2f}"
             if v.get("mass_pulled") is not None:
                 inside += f" (pulled {v['mass_pulled']:.2f})"
