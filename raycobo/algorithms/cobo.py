@@ -95,6 +95,7 @@ ONLY_WITH: dict[str, dict[str, str]] = {
     "initial_weight": {"domain": "box"},
     "recheck": {"domain": "box"},
     "recheck_unsettled": {"domain": "box"},
+    "recheck_decay": {"domain": "box"},
     "hold": {"domain": "box"},
     "pull_strength": {"pull": "mean", "rho": "auto", "domain": "box"},
 }
@@ -213,6 +214,13 @@ class CoBoConfig(MethodConfig):
         "still inside the box (below 1: not yet settled by consistent scores); those at 1 "
         "keep recheck's rate (null: recheck's for all)",
     )
+    recheck_decay: Literal["sqrt"] | None = Field(
+        default=None,
+        description="box domain, with recheck: sqrt raises the early rounds' rate to "
+        "recheck * sqrt(rounds / (t + 1)) (at most 1; recheck's at the last round), so a "
+        "pair pulled early is measured again while its scores are informative, and no "
+        "more often late, when a cluster's pairs score about 0 (null: recheck's all along)",
+    )
     hold: float | None = _share(
         "box domain: the score of a pair the pull reads is raised by this in "
         "Eq. (1) (hysteresis: a collaborator is dropped on evidence that it is not aligned, "
@@ -257,6 +265,7 @@ class CoBoConfig(MethodConfig):
         "pull_strength",
         "recheck",
         "recheck_unsettled",
+        "recheck_decay",
         "hold",
     )
     @classmethod
@@ -271,7 +280,7 @@ class CoBoConfig(MethodConfig):
                 f"applies to {field}: {wanted}, not {have} (it would do nothing): drop it"
                 + (f", or set algorithm.{field}={wanted}" if field != "domain" else "")
             )
-        if info.field_name == "recheck_unsettled":
+        if info.field_name in ("recheck_unsettled", "recheck_decay"):
             rule = info.data.get("rule", "raycobo")
             base = info.data.get("recheck")
             if not (RULES[rule]["recheck"] if base is None else base):
@@ -672,7 +681,7 @@ class CoBo:
             )
         return float(c.rho)
 
-    def gamma_at(self, t: int, n: int, floor: float = 0.0) -> float:
+    def gamma_at(self, t: int, n: int, floor: float | tuple[float, int] = 0.0) -> float:
         """Round t's W step: gamma, divided by sqrt(1 + k_t) or 1 + k_t (gamma_decay;
         k_t = the samples a pair has had in expectation before round t among n present
         clients, counting a sampling rate of at least ``floor``), so that W is learned
@@ -695,7 +704,7 @@ class CoBo:
         hold = float(c.hold or 0.0)
         if c.gamma_decay == "none" or c.domain != "box" or not c.recheck:
             return WStep(gamma, gamma, self.threshold(), hold) if hold else WStep(gamma)
-        pulled = min(gamma, self.gamma_at(t, n, float(c.recheck)))
+        pulled = min(gamma, self.gamma_at(t, n, self.recheck_floor()))
         # where the sampler's rate was never below recheck, the same step
         if pulled >= gamma and not hold:
             return WStep(gamma)
@@ -827,8 +836,22 @@ class CoBo:
         if c.domain != "box" or not c.recheck:
             return 0.0
         r = c.recheck_unsettled if unsettled and c.recheck_unsettled is not None else c.recheck
+        r = self.recheck_at(float(r), t)
         p = self.sampler(n).probability(t)
         return max(0.0, (r - p) / (1.0 - p)) if p < 1 else 0.0
+
+    def recheck_at(self, rate: float, t: int) -> float:
+        """A recheck rate at round t: as set, or with ``recheck_decay: sqrt`` raised to
+        rate * sqrt(rounds / (t + 1)), at most 1."""
+        if self.cfg.recheck_decay != "sqrt":
+            return rate
+        return min(1.0, rate * math.sqrt(self.rounds / (t + 1)))
+
+    def recheck_floor(self) -> float | tuple[float, int]:
+        """The sampling rate a pulled pair has at least, for the W step's k_t: recheck, or
+        (recheck, rounds) where it decays (``samplers.expected_samples``)."""
+        rate = float(self.cfg.recheck)
+        return (rate, self.rounds) if self.cfg.recheck_decay == "sqrt" else rate
 
     def samples_from_w(self, t: int, n: int) -> bool:
         """Whether round t's pairs among n present clients depend on W^t (``recheck``

@@ -122,9 +122,10 @@ class EdgeSampler:
     def probability(self, t: int) -> float:
         return SAMPLINGS[self.kind](self, t)
 
-    def expected_samples(self, t: int, floor: float = 0.0) -> float:
+    def expected_samples(self, t: int, floor: float | tuple[float, int] = 0.0) -> float:
         """How often a pair has been sampled before round t, in expectation: the sum of
-        p_tau over tau < t (of max(p_tau, ``floor``): a pair also drawn at that rate)."""
+        p_tau over tau < t (of max(p_tau, ``floor``): a pair also drawn at that rate; a
+        floor (rate, rounds) decays, ``floor_at``)."""
         if t <= 0:
             return 0.0
         return _cumulative(self, t, floor)
@@ -162,16 +163,27 @@ def _full(s: EdgeSampler, t: int) -> float:
     return 1.0
 
 
+def floor_at(floor: float | tuple[float, int], t: int) -> float:
+    """A pair's least sampling rate at round t: a constant, or (rate, rounds): rate *
+    sqrt(rounds / (t + 1)), at most 1 (CoBo's ``recheck_decay: sqrt``)."""
+    if isinstance(floor, tuple):
+        rate, rounds = floor
+        return min(1.0, rate * math.sqrt(rounds / (t + 1)))
+    return floor
+
+
 @functools.lru_cache(maxsize=64)
-def _probabilities(sampler: EdgeSampler, upto: int, floor: float) -> list[float]:
+def _probabilities(
+    sampler: EdgeSampler, upto: int, floor: float | tuple[float, int]
+) -> list[float]:
     total, out = 0.0, [0.0]
     for t in range(upto):
-        total += max(sampler.probability(t), floor)
+        total += max(sampler.probability(t), floor_at(floor, t))
         out.append(total)
     return out
 
 
-def _cumulative(sampler: EdgeSampler, t: int, floor: float = 0.0) -> float:
+def _cumulative(sampler: EdgeSampler, t: int, floor: float | tuple[float, int] = 0.0) -> float:
     """sum_{tau < t} max(p_tau, floor), from a table over max(t, rounds) rounds (cached
     per sampler, the seed aside: it does not change the probabilities)."""
     key = dataclasses.replace(sampler, seed=0)

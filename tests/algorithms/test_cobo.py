@@ -847,3 +847,33 @@ def test_a_pulled_pair_steps_as_often_as_recheck_samples_it():
     assert algo.w_step(40, 50).pulled is None  # p = 0.04 >= 0.02 in mixed's first half
     assert CoBo(CoBoConfig(recheck=0.0), 100, 0).w_step(t, n).pulled is None
     assert CoBo(CoBoConfig(rule="paper"), 100, 0).w_step(t, n).pulled is None
+
+
+def test_recheck_decay_raises_the_early_rate_and_the_w_step_counts_it():
+    """recheck_decay sqrt: the pulled pairs' rate is recheck * sqrt(rounds / (t + 1)),
+    at most 1 (recheck's at the last round); the extra draw makes it that in all; their
+    W step's k_t sums max(p_tau, that rate); off by default; the box domain's key, and
+    only with recheck > 0."""
+    import math
+
+    from raycobo.algorithms.samplers import floor_at
+    from raycobo.config import ConfigError, load_config
+
+    n = 200  # mixed sampling: p = 2/200 = 0.01 in the first half
+    algo = CoBo(CoBoConfig(recheck_decay="sqrt"), rounds=100, seed=0)
+    assert algo.recheck_at(0.02, 99) == pytest.approx(0.02)
+    assert algo.recheck_at(0.02, 24) == pytest.approx(0.04)
+    assert algo.recheck_at(0.5, 0) == 1.0
+    p = 0.01
+    assert algo.recheck_rate(24, n) == pytest.approx((0.04 - p) / (1 - p))
+    plain = CoBo(CoBoConfig(), rounds=100, seed=0)
+    assert plain.recheck_rate(24, n) == pytest.approx((0.02 - p) / (1 - p))
+    t = 30
+    k = sum(max(p, floor_at((0.02, 100), tau)) for tau in range(t))
+    assert k == pytest.approx(sum(max(p, 0.02 * math.sqrt(100 / (tau + 1))) for tau in range(t)))
+    assert algo.w_step(t, n).pulled == pytest.approx(3.0 / math.sqrt(1 + k))
+    assert plain.w_step(t, n).pulled == pytest.approx(3.0 / math.sqrt(1 + 0.02 * t))
+    with pytest.raises(ConfigError, match="algorithm.recheck_decay.*recheck > 0"):
+        load_config(None, ["algorithm.recheck=0", "algorithm.recheck_decay=sqrt"])
+    with pytest.raises(ConfigError, match="algorithm.recheck_decay.*domain"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.recheck_decay=sqrt"])
