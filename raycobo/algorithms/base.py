@@ -232,7 +232,7 @@ class PlansRounds(Protocol):
 @runtime_checkable
 class TrainsLocally(Protocol):
     """A ClientOps that runs :class:`LocalSGD` requests itself (Ray: in the hosts, one
-    call for all the steps); other engines' get :func:`sgd_steps` over ``grads``."""
+    call for all the steps); other engines get :func:`sgd_steps` over ``grads``."""
 
     def local_sgd(self, request: LocalSGD, round: int) -> Answer: ...
 
