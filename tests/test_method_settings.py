@@ -183,6 +183,7 @@ def test_optional_capabilities_are_declared_not_probed(digits_cfg):
             "StepsInRows",
         },
         "fedavg": {"PlansRounds"},
+        "oracle": {"PlansRounds"},
         "federico": {"EvaluatesItself"},
         "l2c": {"ExportsArtifacts"},
         "meta_l2c": {"ExportsArtifacts"},

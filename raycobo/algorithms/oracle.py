@@ -10,9 +10,10 @@ from typing import Literal
 
 import torch
 
-from raycobo.algorithms.base import ClientOps
-from raycobo.algorithms.common import same_group_matrix, sample_clients
-from raycobo.algorithms.ifca import ClusteredState, clustered_fedavg_step, n_true_clusters
+from raycobo import rng
+from raycobo.algorithms.base import ClientOps, LocalSGD, Plan, run_plan
+from raycobo.algorithms.common import group_average, same_group_matrix, sample_clients
+from raycobo.algorithms.ifca import ClusteredState, n_true_clusters
 from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
 
 
@@ -36,9 +37,36 @@ class Oracle:
         return ClusteredState(x0.expand(k, -1).clone(), assign)
 
     def round(self, state: ClusteredState, t: int, ops: ClientOps) -> tuple[ClusteredState, dict]:
-        clients = sample_clients(ops.n_clients, self.cfg.client_rate, self.seed, t)
-        new, loss = clustered_fedavg_step(ops, state, clients.to(ops.device), self.cfg, t)
-        return new, {"train_loss": float(loss.mean())}
+        return run_plan(self, state, t, ops)
+
+    # -- PlansRounds: a round's updates may be applied late (engine.rounds: stale) --------
+    def plan_refusal(self) -> None:
+        return None
+
+    def plan_round(self, state: ClusteredState, t: int, ops: ClientOps) -> Plan:
+        """The sampled clients' local SGD from their clusters' models."""
+        c = self.cfg
+        clients = sample_clients(ops.n_clients, c.client_rate, self.seed, t).to(ops.device)
+        groups = state.assign[clients]
+        ahead = LocalSGD(clients, state.Theta[groups], c.lr, c.local_steps, rng.STEP)
+        sizes = ops.data_sizes().to(state.Theta.device)[clients]
+        return Plan(t, ahead, keep={"groups": groups, "sizes": sizes, "theta": state.Theta})
+
+    def apply_round(self, state: ClusteredState, plan: Plan, now, arrived: list):
+        """Per cluster, the data-weighted average of its clients' end points where they
+        started from these models; a late round's moves each cluster by the average
+        update its clients made from the models they started from."""
+        Theta, losses = state.Theta, []
+        k = Theta.shape[0]
+        for p, (Y, loss) in arrived:
+            g, sizes, start = p.keep["groups"], p.keep["sizes"], p.keep["theta"]
+            if p.round == plan.round and not losses:  # started from these models
+                Theta = group_average(Y, g, sizes, k, Theta)
+            else:
+                Theta = Theta + (group_average(Y, g, sizes, k, start) - start)
+            losses.append(loss)
+        stats = {"train_loss": float(torch.cat(losses).mean())} if losses else {}
+        return ClusteredState(Theta, state.assign), stats
 
     def eval_params(self, state: ClusteredState) -> torch.Tensor:
         return state.Theta[state.assign]

@@ -33,6 +33,7 @@ PLANNERS = {  # the built-ins that plan their rounds, and the FedProx example pl
     "fedavg-1": ["algorithm.name=fedavg"],
     "fedavg-3": ["algorithm.name=fedavg", "algorithm.local_steps=3", "algorithm.client_rate=0.5"],
     "fedprox": ["algorithm.name=fp_plan:FedProx", "algorithm.mu=0.1", "algorithm.local_steps=3"],
+    "oracle": ["algorithm.name=oracle", "algorithm.local_steps=2", "algorithm.client_rate=0.5"],
 }
 
 
@@ -91,8 +92,8 @@ def stale_run(cfg, rounds: int, staleness: int, delay: int):
 @pytest.mark.parametrize("key", sorted(PLANNERS))
 def test_a_planned_round_is_the_methods_own_round(planner, key):
     """run_plan (plan, compute, apply) gives the method's ``round`` numbers exactly:
-    CoBo's one-call round, FedAvg with one step (gradients) and with local SGD, and the
-    plugin."""
+    CoBo's one-call round, FedAvg with one step (gradients) and with local SGD, the
+    Oracle (FedAvg per cluster) and the plugin."""
     cfg = planner(key)
     _, ops, algo = build(cfg)
     assert isinstance(algo, PlansRounds) and algo.plan_refusal() is None
@@ -118,7 +119,7 @@ def test_staleness_zero_is_the_synchronous_round(planner, key):
     assert policy.report()["ahead_lag_max"] == 0
 
 
-@pytest.mark.parametrize("key", ["cobo", "fedavg-3", "fedprox"])
+@pytest.mark.parametrize("key", ["cobo", "fedavg-3", "fedprox", "oracle"])
 def test_late_results_are_applied_once_within_the_bound(planner, key):
     """Every answer two rounds late, staleness 2: each round applies the plan of two
     rounds before (none in the first two), the last round applies what is left; every

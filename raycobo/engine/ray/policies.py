@@ -129,8 +129,8 @@ def schedule_for(cfg, algo) -> Schedule:
     elif e.rounds == "stale":
         if not isinstance(algo, PlansRounds):
             why = (
-                f"algorithm '{a.name}' does not plan its rounds (PlansRounds: cobo, fedavg "
-                "do); set engine.rounds=sync"
+                f"algorithm '{a.name}' does not plan its rounds (PlansRounds: cobo, "
+                "fedavg, oracle do); set engine.rounds=sync"
             )
         else:
             why = algo.plan_refusal()
