@@ -145,8 +145,8 @@ def test_a_row_counts_only_for_the_settings_it_ran():
     assert table["quad-2x2"]["cobo"]["score"] == 0.5 and table["quad-2x2"]["cobo"]["n"] == 1
 
 
-def test_an_entry_on_fewer_seeds_is_measured_against_the_same_seeds():
-    """The gap closed compares an entry with Local and Oracle over the seeds it ran."""
+def digits_rows() -> tuple[dict, list[dict]]:
+    """Result rows of one cell: Local and Oracle on seeds 0-1, CoBo on seed 0."""
     row = {"cell": "digits-8-r100", "diverged": False, "loss": None}
     rows = [
         {**row, "entry": "local", "seed": 0, "accuracy": 0.80},
@@ -155,6 +155,12 @@ def test_an_entry_on_fewer_seeds_is_measured_against_the_same_seeds():
         {**row, "entry": "oracle", "seed": 1, "accuracy": 0.90},
         {**row, "entry": "cobo", "seed": 0, "accuracy": 0.85},
     ]
+    return row, rows
+
+
+def test_an_entry_on_fewer_seeds_is_measured_against_the_same_seeds():
+    """The gap closed compares an entry with Local and Oracle over the seeds it ran."""
+    row, rows = digits_rows()
     cobo = report.summarize(rows)["digits-8-r100"]["cobo"]
     assert cobo["gap"] == pytest.approx(0.5)  # (0.85 - 0.80) / (0.90 - 0.80), seed 0 only
     # and an entry whose baselines ran on fewer seeds: its gap over theirs only
@@ -228,14 +234,7 @@ def test_the_gap_closed_carries_its_standard_error_over_seeds():
     """Beside the gap closed (of the seed means), the spread of the per-seed gaps over
     sqrt(seeds): a cell whose Oracle - Local is a few points is noisy, and the report
     says how much; none with one seed."""
-    row = {"cell": "digits-8-r100", "diverged": False, "loss": None}
-    rows = [
-        {**row, "entry": "local", "seed": 0, "accuracy": 0.80},
-        {**row, "entry": "local", "seed": 1, "accuracy": 0.60},
-        {**row, "entry": "oracle", "seed": 0, "accuracy": 0.90},
-        {**row, "entry": "oracle", "seed": 1, "accuracy": 0.90},
-        {**row, "entry": "cobo", "seed": 0, "accuracy": 0.85},
-    ]
+    row, rows = digits_rows()
     assert report.summarize(rows)["digits-8-r100"]["cobo"]["gap_se"] is None
     rows.append({**row, "entry": "cobo", "seed": 1, "accuracy": 0.90})  # gaps 0.5 and 1.0
     table = report.summarize(rows)
