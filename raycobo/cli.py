@@ -618,11 +618,15 @@ def bench_ray_cmd(
     host_threads: Annotated[
         int | None, typer.Option(help="torch threads per host (default: shared out)")
     ] = None,
+    algorithm: Annotated[str, typer.Option(help="the method measured")] = "cobo",
+    local_steps: Annotated[
+        int | None, typer.Option(help="algorithm.local_steps of a method that has it")
+    ] = None,
     out: Out = None,
     debug: Debug = False,
 ) -> None:
-    """CoBo on the Ray engine vs the local engine: ms per round, coordination share,
-    start-up time."""
+    """A method (CoBo by default) on the Ray engine vs the local engine: ms per round,
+    coordination share, start-up time."""
 
     def go():
         from raycobo.bench import bench_ray
@@ -643,6 +647,8 @@ def bench_ray_cmd(
             fraction=fraction,
             model=_choices(model, "--model", ("mlp", "cnn"))[0],
             threads=host_threads,
+            algorithm=algorithm,
+            local_steps=local_steps,
         )
 
     _guarded(debug, go)

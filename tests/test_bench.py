@@ -74,8 +74,11 @@ def test_bench_ray_writes_its_rows(tmp_path):
         "--out",
         str(tmp_path),
     ]
+    fedavg = [*args[:9], "sync,stale", "--algorithm", "fedavg", "--local-steps", "3"]
+    fedavg += ["--out", str(tmp_path / "fedavg")]
     try:
         res = CliRunner().invoke(app, args)
+        res_f = CliRunner().invoke(app, fedavg)  # a method that trains locally
     finally:
         ray.shutdown()
     assert res.exit_code == 0, res.output
@@ -86,6 +89,13 @@ def test_bench_ray_writes_its_rows(tmp_path):
         ("2", "stale", "1"),
     ]
     assert all(float(r["ray_ms"]) > 0 and float(r["local_ms"]) > 0 for r in rows)
+    assert {r["algorithm"] for r in rows} == {"cobo"}
+    assert res_f.exit_code == 0, res_f.output
+    rows = list(csv.DictReader((tmp_path / "fedavg" / "bench_ray.csv").open()))
+    assert [(r["algorithm"], r["schedule"]) for r in rows] == [
+        ("fedavg-3", "sync"),
+        ("fedavg-3", "stale"),
+    ]
 
 
 def test_bench_engine_measures_each_named_strategy_against_one_loop(tmp_path):

@@ -1,4 +1,5 @@
-"""``raycobo bench ray``: CoBo on the Ray engine against the local engine."""
+"""``raycobo bench ray``: a method (CoBo by default) on the Ray engine against the local
+engine."""
 
 from __future__ import annotations
 
@@ -26,11 +27,13 @@ class RayRow:
     ahead_lag_mean: float | None
     startup_s: float  # placing the hosts and the coordinator, loading data, first state
     model: str = "mlp"
+    algorithm: str = "cobo"  # with its local steps, e.g. fedavg-5
 
     def line(self) -> str:
         share = "-" if self.coordination_share is None else f"{self.coordination_share:.0%}"
         return (
-            f"n={self.n:4d} per_actor={self.clients_per_actor:3d} hosts={self.hosts:3d} "
+            f"{self.algorithm} n={self.n:4d} per_actor={self.clients_per_actor:3d} "
+            f"hosts={self.hosts:3d} "
             f"rounds={self.schedule:8s} staleness={self.staleness} "
             f"local {self.local_ms:7.1f} ms  ray {self.ray_ms:7.1f} ms  "
             f"coordination {share}  start-up {self.startup_s:.1f} s"
@@ -52,8 +55,11 @@ def bench_ray(
     fraction: float = 0.05,
     model: str = "mlp",
     threads: int | None = None,
+    algorithm: str = "cobo",
+    local_steps: int | None = None,
 ) -> list[RayRow]:
-    """CoBo rounds on the Ray engine against the local engine on the same config (MLP
+    """A method's rounds (``algorithm``, CoBo by default; ``local_steps`` for one that
+    trains locally) on the Ray engine against the local engine on the same config (MLP
     784-64-10 on Fashion-MNIST, or digits when it is missing): median ms per round and
     the coordination share (1 - the slowest host's compute / round time). With
     ``slow_seconds`` host 1 computes that much longer per gradient, to measure bounded
@@ -75,13 +81,15 @@ def bench_ray(
     )
     for n in clients:
         base = _base(n, data, fraction, data_root, rounds, model)
+        base += _method(algorithm, n, local_steps)
         local, _ = open_session(load_config(None, [*base, f"engine.device={device}"]))
         local.start()
         n_clients = local.n_clients
         local_ms = 1e3 * _time(local.round, rounds)
         del local
         modes = [(k, m, staleness if m == "stale" else 0) for k in per_actor for m in schedules]
-        opts = (rounds, threads, gpus_per_client, slow_seconds, model)
+        label = algorithm + (f"-{local_steps}" if local_steps else "")
+        opts = (rounds, threads, gpus_per_client, slow_seconds, model, label)
         rows += _on_ray(base, n_clients, local_ms, modes, opts, echo)
     if out is not None:
         write_rows(out / "bench_ray.csv", rows)
@@ -89,28 +97,36 @@ def bench_ray(
 
 
 def _base(n: int, data: str, fraction: float, data_root, rounds: int, model: str) -> list[str]:
-    """The overrides every engine of one n shares: CoBo on 4 clusters of n/4 clients."""
+    """The overrides every engine of one n shares: 4 clusters of n/4 clients."""
     return [
         f"data.name={data}",
         f"data.fraction={fraction if data == 'fashion_mnist' else 1.0}",
         *([f"data.root={data_root}"] if data_root else []),
         "data.partition.num_clusters=4",
         f"data.partition.clients_per_cluster={max(1, n // 4)}",
-        "algorithm.name=cobo",
-        "algorithm.sampling=constant",
-        f"algorithm.rho={min(0.3, 5.0 / n)}",
         f"rounds={rounds + 2}",
         "tracking.enabled=false",
         f"model.name={model}",
     ]
 
 
+def _method(algorithm: str, n: int, local_steps: int | None) -> list[str]:
+    """The measured method's overrides: CoBo with constant sampling (as every row of
+    this bench before), or another method with its local steps."""
+    if algorithm == "cobo":
+        head = ["algorithm.name=cobo", "algorithm.sampling=constant"]
+        head.append(f"algorithm.rho={min(0.3, 5.0 / n)}")
+    else:
+        head = [f"algorithm.name={algorithm}"]
+    return head + ([f"algorithm.local_steps={local_steps}"] if local_steps else [])
+
+
 def _on_ray(base, n_clients: int, local_ms: float, modes, opts, echo) -> list[RayRow]:
     """One row per (clients per actor, schedule, staleness) mode of one n on Ray.
-    ``opts``: (rounds, threads, GPUs per client, slow seconds, model)."""
+    ``opts``: (rounds, threads, GPUs per client, slow seconds, model, method label)."""
     from raycobo.config import load_config
 
-    rounds, threads, gpus_per_client, slow_seconds, model = opts
+    rounds, threads, gpus_per_client, slow_seconds, model, label = opts
     rows = []
     for k, mode, s in modes:
         shared = max(1, torch.get_num_threads() // -(-n_clients // k))
@@ -131,6 +147,7 @@ def _on_ray(base, n_clients: int, local_ms: float, modes, opts, echo) -> list[Ra
             lag,
             startup,
             model,
+            label,
         )
         rows.append(row)
         echo(row.line())

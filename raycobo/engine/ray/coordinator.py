@@ -144,6 +144,8 @@ class CoordinatorImpl:
             "host_call_seconds": ops.coordination_s,
             "host_wait_seconds": ops.wait_s,
             "round_host_compute_seconds": tm.host_compute_s,
-            # the share of the rounds' wall time not spent computing on the (slowest) hosts
-            "coordination_share": 1.0 - tm.host_compute_s / span if span > 0 else None,
+            # the share of the rounds' wall time not spent computing on the (slowest)
+            # hosts; stale rounds overlap calls, whose compute can add up past the wall
+            # time: at least 0
+            "coordination_share": max(0.0, 1.0 - tm.host_compute_s / span) if span > 0 else None,
         }
