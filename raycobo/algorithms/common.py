@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import ClientOps, LocalSGD, compute
+from raycobo.algorithms.base import ClientOps, LocalSGD, Plan, compute
 from raycobo.algorithms.settings import TopKShare
 
 
@@ -56,6 +56,18 @@ def local_sgd(
 
     Returns the end points (m, d) and the first step's minibatch losses (m,)."""
     return compute(ops, LocalSGD(clients, start, lr, steps, stream, prox, anchor), t)
+
+
+def apply_arrived(current, plan: Plan, arrived: list, update) -> tuple[Any, dict[str, float]]:
+    """A ``PlansRounds`` method's global model(s) after the ahead answers that arrived,
+    oldest first: ``update(current, p, out, fresh)`` for each, ``fresh`` where the plan is
+    this round's and nothing was applied before it (its clients started from
+    ``current``). -> (new, {"train_loss": the applied rounds' first-step losses} or {})"""
+    losses = []
+    for p, (out, loss) in arrived:
+        current = update(current, p, out, p.round == plan.round and not losses)
+        losses.append(loss)
+    return current, ({"train_loss": float(torch.cat(losses).mean())} if losses else {})
 
 
 def weighted_average(Y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

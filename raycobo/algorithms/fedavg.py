@@ -24,7 +24,7 @@ from raycobo.algorithms.base import (
     compute,
     run_plan,
 )
-from raycobo.algorithms.common import sample_clients, weighted_average
+from raycobo.algorithms.common import apply_arrived, sample_clients, weighted_average
 from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
 
 
@@ -103,12 +103,13 @@ class FedAvg:
     ) -> tuple[FedAvgState, dict]:
         """The arrived rounds' updates, oldest first; the clients' first-step losses of
         those rounds (none arrived: no train_loss this round)."""
-        x, losses = state.x, []
-        for p, (out, loss) in arrived:
-            fresh = p.round == plan.round and not losses  # started from this x
-            x = fedavg_update(x, p.ahead, out, p.keep["sizes"], self.cfg.lr, fresh)
-            losses.append(loss)
-        stats = {"train_loss": float(torch.cat(losses).mean())} if losses else {}
+        lr = self.cfg.lr
+        x, stats = apply_arrived(
+            state.x,
+            plan,
+            arrived,
+            lambda x, p, out, fresh: fedavg_update(x, p.ahead, out, p.keep["sizes"], lr, fresh),
+        )
         m = plan.ahead.clients.numel()
         stats["bytes_sent"] = float(2 * m * x.shape[0] * 4)  # the model down and back
         return FedAvgState(x, state.n, state.X), stats

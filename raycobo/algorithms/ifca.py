@@ -21,8 +21,8 @@ from typing import Literal
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import ClientOps
-from raycobo.algorithms.common import group_average, local_sgd, same_group_matrix, sample_clients
+from raycobo.algorithms.base import ClientOps, LocalSGD, compute
+from raycobo.algorithms.common import LocalSteps, group_average, same_group_matrix, sample_clients
 from raycobo.algorithms.settings import ClientSampling, ClusterCount, LocalTraining, MethodConfig
 from raycobo.settings import ConfigError
 
@@ -57,12 +57,33 @@ def clustered_fedavg_step(
 ) -> tuple[ClusteredState, torch.Tensor]:
     """Local SGD of ``clients`` from their assigned cluster models, then per-cluster
     data-weighted averaging. Returns the new state and the clients' losses."""
-    k = state.Theta.shape[0]
+    req, keep = clustered_request(ops, state, clients, cfg)
+    Y, loss = compute(ops, req, t)
+    return ClusteredState(clustered_update(state.Theta, keep, Y, True), state.assign), loss
+
+
+def clustered_request(
+    ops: ClientOps, state: ClusteredState, clients: torch.Tensor, cfg: LocalSteps
+) -> tuple[LocalSGD, dict[str, torch.Tensor]]:
+    """The clients' local SGD from their assigned cluster models, and what the update
+    reads besides (their groups, data sizes and the models they start from)."""
     groups = state.assign[clients]
-    Y, loss = local_sgd(ops, clients, state.Theta[groups], cfg.lr, cfg.local_steps, t, rng.STEP)
-    sizes = ops.data_sizes().to(Y.device)[clients]
-    Theta = group_average(Y, groups, sizes, k, state.Theta)
-    return ClusteredState(Theta, state.assign), loss
+    req = LocalSGD(clients, state.Theta[groups], cfg.lr, cfg.local_steps, rng.STEP)
+    sizes = ops.data_sizes().to(state.Theta.device)[clients]
+    return req, {"groups": groups, "sizes": sizes, "theta": state.Theta}
+
+
+def clustered_update(
+    Theta: torch.Tensor, keep: dict[str, torch.Tensor], Y: torch.Tensor, fresh: bool
+) -> torch.Tensor:
+    """Per cluster, the data-weighted average of its clients' end points Y where they
+    started from ``Theta`` (``fresh``); else ``Theta`` moved by the average update they
+    made from the models they started from (a late round's)."""
+    g, sizes, start = keep["groups"], keep["sizes"], keep["theta"]
+    k = Theta.shape[0]
+    if fresh:
+        return group_average(Y, g, sizes, k, Theta)
+    return Theta + (group_average(Y, g, sizes, k, start) - start)
 
 
 def choose_clusters(

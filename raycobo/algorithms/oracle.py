@@ -10,10 +10,14 @@ from typing import Literal
 
 import torch
 
-from raycobo import rng
-from raycobo.algorithms.base import ClientOps, LocalSGD, Plan, run_plan
-from raycobo.algorithms.common import group_average, same_group_matrix, sample_clients
-from raycobo.algorithms.ifca import ClusteredState, n_true_clusters
+from raycobo.algorithms.base import ClientOps, Plan, run_plan
+from raycobo.algorithms.common import apply_arrived, same_group_matrix, sample_clients
+from raycobo.algorithms.ifca import (
+    ClusteredState,
+    clustered_request,
+    clustered_update,
+    n_true_clusters,
+)
 from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
 
 
@@ -45,27 +49,20 @@ class Oracle:
 
     def plan_round(self, state: ClusteredState, t: int, ops: ClientOps) -> Plan:
         """The sampled clients' local SGD from their clusters' models."""
-        c = self.cfg
-        clients = sample_clients(ops.n_clients, c.client_rate, self.seed, t).to(ops.device)
-        groups = state.assign[clients]
-        ahead = LocalSGD(clients, state.Theta[groups], c.lr, c.local_steps, rng.STEP)
-        sizes = ops.data_sizes().to(state.Theta.device)[clients]
-        return Plan(t, ahead, keep={"groups": groups, "sizes": sizes, "theta": state.Theta})
+        clients = sample_clients(ops.n_clients, self.cfg.client_rate, self.seed, t)
+        ahead, keep = clustered_request(ops, state, clients.to(ops.device), self.cfg)
+        return Plan(t, ahead, keep=keep)
 
     def apply_round(self, state: ClusteredState, plan: Plan, now, arrived: list):
         """Per cluster, the data-weighted average of its clients' end points where they
         started from these models; a late round's moves each cluster by the average
         update its clients made from the models they started from."""
-        Theta, losses = state.Theta, []
-        k = Theta.shape[0]
-        for p, (Y, loss) in arrived:
-            g, sizes, start = p.keep["groups"], p.keep["sizes"], p.keep["theta"]
-            if p.round == plan.round and not losses:  # started from these models
-                Theta = group_average(Y, g, sizes, k, Theta)
-            else:
-                Theta = Theta + (group_average(Y, g, sizes, k, start) - start)
-            losses.append(loss)
-        stats = {"train_loss": float(torch.cat(losses).mean())} if losses else {}
+        Theta, stats = apply_arrived(
+            state.Theta,
+            plan,
+            arrived,
+            lambda Theta, p, Y, fresh: clustered_update(Theta, p.keep, Y, fresh),
+        )
         return ClusteredState(Theta, state.assign), stats
 
     def eval_params(self, state: ClusteredState) -> torch.Tensor:
