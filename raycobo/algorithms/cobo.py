@@ -42,7 +42,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from raycobo import rng
 from raycobo.algorithms.base import MODELS, Answer, ClientOps, Gradients, Plan
 from raycobo.algorithms.projections import project_box, project_simplex
-from raycobo.algorithms.samplers import SAMPLINGS, EdgeSampler
+from raycobo.algorithms.samplers import SAMPLINGS, EdgeSampler, floor_at
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.algorithms.sparse_weights import SparseBoxWeights
 from raycobo.settings import ConfigError, Section
@@ -845,7 +845,7 @@ class CoBo:
         rate * sqrt(rounds / (t + 1)), at most 1."""
         if self.cfg.recheck_decay != "sqrt":
             return rate
-        return min(1.0, rate * math.sqrt(self.rounds / (t + 1)))
+        return floor_at((rate, self.rounds), t)
 
     def recheck_floor(self) -> float | tuple[float, int]:
         """The sampling rate a pulled pair has at least, for the W step's k_t: recheck, or

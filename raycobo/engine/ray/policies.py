@@ -231,7 +231,9 @@ class StaleRounds(SyncRounds):
             {  # the plan's ahead request and keep (its now was computed in its round)
                 "round": p.round,
                 "kind": type(p.ahead).__name__,
-                "ahead": state_tree(dataclasses.asdict(p.ahead)),
+                "ahead": state_tree(
+                    {f.name: getattr(p.ahead, f.name) for f in dataclasses.fields(p.ahead)}
+                ),
                 "keep": state_tree(p.keep),
             }
             for p, _ in self.pending
