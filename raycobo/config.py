@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    ConfigDict,
     Field,
     SerializeAsAny,
     ValidationError,
@@ -24,7 +25,7 @@ from pydantic import (
 from raycobo.algorithms import METHODS, check_method_keys, method, methods_with
 from raycobo.algorithms.cobo import CoBoConfig
 from raycobo.algorithms.settings import MethodConfig
-from raycobo.registry import add_search_paths
+from raycobo.registry import ENGINES, add_search_paths, engine
 from raycobo.settings import ConfigError, choose, did_you_mean  # noqa: F401 - re-exported
 from raycobo.settings import Section as _Section
 
@@ -146,7 +147,14 @@ class ModelConfig(_Section):
 
 
 class EngineConfig(_Section):
-    kind: Literal["local", "loop", "ray"] = "local"
+    # unknown keys are refused by _own_settings unless the engine's spec declares them
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+
+    kind: str = Field(
+        default="local",
+        description="the engine (raycobo.registry.ENGINES: local, loop, ray; a plugin "
+        "engine as module:Object or an entry point of raycobo.engines)",
+    )
     device: str = "cpu"
     chunk_size: int = Field(default=4096, ge=1, description="max clients per batched call")
     # how client batches execute (local engine and Ray hosts): auto (loop for conv nets on
@@ -192,12 +200,45 @@ class EngineConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "resident" in data:
+    def _own_settings(cls, data: Any) -> Any:
+        """Keys beyond these fields are the engine's own (its spec's ``settings``):
+        validated by that section, its defaults filled in; any other is unknown (the
+        renamed ``resident`` named with its replacement)."""
+        if not isinstance(data, dict):
+            return data
+        if "resident" in data:
             raise ValueError(
                 "resident: replaced by engine.rounds (set engine.rounds=resident, or sync)"
             )
-        return data
+        kind = data.get("kind", "local")
+        try:
+            spec = engine(kind) if isinstance(kind, str) else None
+        except ConfigError as err:  # one line, naming engine.kind
+            raise ValueError("kind:" + str(err).partition("':")[2]) from None
+        section = spec.settings if spec is not None else None
+        known = section.model_fields if section is not None else {}
+        extra = {k: v for k, v in data.items() if k not in cls.model_fields}
+        for key in extra:
+            if key not in known:
+                owners = [n for n, s in ENGINES.builtin.items() if key in s.own_keys()]
+                if owners:
+                    raise ValueError(
+                        f"{key}: a setting of engine.kind={owners[0]}; with engine.kind="
+                        f"{kind} it would do nothing (drop it, or set engine.kind={owners[0]})"
+                    )
+                raise ValueError(
+                    f"unknown config key 'engine.{key}'"
+                    + did_you_mean(f"engine.{key}", [*cls.model_fields, *known])
+                )
+        if section is None:
+            return data
+        try:
+            own = section.model_validate(extra).model_dump()
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{field}: {first['msg']}") from None
+        return {**data, **own}
 
     @model_validator(mode="after")
     def _staleness_when_stale(self) -> EngineConfig:
@@ -210,10 +251,10 @@ class EngineConfig(_Section):
 
     @model_validator(mode="after")
     def _engine_reads_it(self) -> EngineConfig:
-        """A key of another engine (its section, ``ENGINE_KEYS``) set away from its
+        """A key of another engine (its registry entry's ``keys``) set away from its
         default would do nothing: refused, naming it and the engine that reads it."""
         for key in unread_engine_keys(self):
-            owner = next(k for k, keys in ENGINE_KEYS.items() if key in keys)
+            owner = next(k for k, s in ENGINES.builtin.items() if key in s.keys)
             raise ValueError(
                 f"{key}: a setting of engine.kind={owner}; with engine.kind={self.kind} it "
                 f"would do nothing (drop it, or set engine.kind={owner})"
@@ -225,39 +266,31 @@ class EngineConfig(_Section):
         return 1 if self.staleness is None else self.staleness
 
 
-# each engine's own section of ``engine.*`` (the dotted names stay flat: they are
-# contracts). Keys not listed are shared: kind, device, threads, precision, strategy,
-# memory_gb, chunk_size, channels_last (every engine that computes client batches, the
-# Ray hosts included) and the Ray *instance*'s address, connect_timeout_s, num_cpus,
-# num_gpus, dashboard and timeout_s (read wherever Ray runs: the Ray engine, a parallel
-# compare's tasks, a sweep's trials)
-ENGINE_KEYS: dict[str, tuple[str, ...]] = {
-    "ray": (
-        # the client hosts: placement and resources
-        "gpus_per_client",
-        "clients_per_actor",
-        "cpus_per_actor",
-        # failures and stragglers
-        "max_restarts",
-        "on_failure",
-        "slow_hosts",
-        "slow_seconds",
-        # the round's schedule
-        "rounds",
-        "staleness",
-    ),
-}
+# Each engine's own keys are declared by its registry entry (raycobo.registry.ENGINES:
+# EngineSpec.keys, fields of EngineConfig, and EngineSpec.settings, further keys; the
+# dotted names stay flat: they are contracts). The fields no spec claims are shared:
+# kind, device, threads, precision, strategy, memory_gb, chunk_size, channels_last (every
+# engine that computes client batches, the Ray hosts included) and the Ray *instance*'s
+# address, connect_timeout_s, num_cpus, num_gpus, dashboard and timeout_s (read wherever
+# Ray runs: the Ray engine, a parallel compare's tasks, a sweep's trials).
+def engine_keys(kind: str) -> tuple[str, ...]:
+    """The ``engine.*`` keys that are the engine ``kind``'s own (() for an unknown kind)."""
+    try:
+        return engine(kind).own_keys()
+    except ConfigError:
+        return ()
 
 
 def unread_engine_keys(e: EngineConfig) -> list[str]:
-    """The keys of other engines' sections that ``e`` sets away from their defaults."""
+    """The fields of other engines' own keys that ``e`` sets away from their defaults."""
     fields = type(e).model_fields
     return [
         key
-        for kind, keys in ENGINE_KEYS.items()
+        for kind, spec in ENGINES.builtin.items()
         if kind != e.kind
-        for key in keys
-        if getattr(e, key) != fields[key].get_default(call_default_factory=True)
+        for key in spec.keys
+        if key not in engine_keys(e.kind)
+        and getattr(e, key) != fields[key].get_default(call_default_factory=True)
     ]
 
 
@@ -400,6 +433,8 @@ def _format_error(err: ValidationError, prefix: list[str] | None = None) -> str:
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{loc}'" + did_you_mean(loc, _section_keys(path[:-1]))
+    if msg.startswith("Value error, unknown config key "):  # a section's extra keys
+        return msg[len("Value error, ") :]
     if msg.startswith("Value error, "):
         # section validators start their message with the field they reject
         field, _, rest = msg[len("Value error, ") :].partition(":")
@@ -484,7 +519,7 @@ def _set_all(tree: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, An
     validation refuses them): ``compare`` entries, sweeps over methods and
     ``algorithm.name=ditto`` on a CoBo config keep only what the methods share. An
     ``engine.kind`` that switches the engine drops the old engine's own keys the same
-    way (``ENGINE_KEYS``: ``engine.kind=local`` on a Ray config)."""
+    way (``engine_keys``: ``engine.kind=local`` on a Ray config)."""
     given = {k for k, _ in pairs}
     new = next((v for k, v in reversed(pairs) if k == "algorithm.name"), None)
     # a plugin named here is looked up now: the config's plugin_paths (or one set in
@@ -500,7 +535,7 @@ def _set_all(tree: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, An
     engine = tree.get("engine")
     kind = next((v for k, v in reversed(pairs) if k == "engine.kind"), None)
     if isinstance(engine, dict) and kind is not None and engine.get("kind", "local") != kind:
-        for key in ENGINE_KEYS.get(engine.get("kind", "local"), ()):  # the old engine's own
+        for key in engine_keys(engine.get("kind", "local")):  # the old engine's own
             if f"engine.{key}" not in given:
                 engine.pop(key, None)
     for key, value in pairs:

@@ -1,4 +1,4 @@
-"""Registries of methods, data sets and models, and the plugins they find.
+"""Registries of methods, data sets, models and engines, and the plugins they find.
 
 A name in a config is looked up in three places, in order:
 
@@ -7,7 +7,12 @@ A name in a config is looked up in three places, in order:
    imported from the Python path, the current directory and the config's
    ``plugin_paths``;
 3. an entry point of an installed package, in the groups ``raycobo.methods``,
-   ``raycobo.datasets`` and ``raycobo.models`` (``algorithm.name: fedprox``).
+   ``raycobo.datasets``, ``raycobo.models`` and ``raycobo.engines``
+   (``algorithm.name: fedprox``).
+
+Engines (``engine.kind``) are registered here, below the config that validates their
+keys: an :class:`EngineSpec` names the function that opens the engine's session (imported
+only when a run opens one) and the ``engine.*`` keys that are the engine's own.
 
 Every failure is a :class:`ConfigError` of one line naming the config key. The modules a
 config's plugins come from are what the Ray engine ships to its workers
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +32,12 @@ from typing import Any
 
 from raycobo.settings import ConfigError
 
-GROUPS = {"method": "raycobo.methods", "dataset": "raycobo.datasets", "model": "raycobo.models"}
+GROUPS = {
+    "method": "raycobo.methods",
+    "dataset": "raycobo.datasets",
+    "model": "raycobo.models",
+    "engine": "raycobo.engines",
+}
 
 
 def is_import_path(name: str) -> bool:
@@ -135,3 +147,76 @@ def plugin_modules(names: list[str]) -> list[ModuleType]:
         if top != "raycobo" and top in sys.modules:
             tops[top] = sys.modules[top]
     return list(tops.values())
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """An engine as its registry entry declares it (``engine.kind``).
+
+    ``session``: the function ``(cfg, data) -> Session`` that opens a run's session, or
+    its import path ``module:function`` (imported when a run opens one, so that an
+    engine's dependencies load only where it runs). ``keys``: fields of ``EngineConfig``
+    that only this engine reads (refused, as doing nothing, under another kind).
+    ``settings``: a config Section of further ``engine.*`` keys of the engine's own,
+    validated by it where ``engine.kind`` names this engine and refused elsewhere."""
+
+    session: str | Callable[..., Any]
+    keys: tuple[str, ...] = ()
+    settings: type | None = None
+    about: str = ""
+
+    def open(self, cfg: Any, data: Any) -> Any:
+        """The engine's session over ``data`` for the run ``cfg`` (not started)."""
+        factory = self.session
+        if isinstance(factory, str):
+            factory = import_object(factory, "engine.kind")
+        return factory(cfg, data)
+
+    def own_keys(self) -> tuple[str, ...]:
+        """Every ``engine.*`` key that is this engine's alone."""
+        extra = tuple(self.settings.model_fields) if self.settings is not None else ()
+        return self.keys + extra
+
+
+ENGINES = Registry("engine", "engine.kind")
+ENGINES.add(
+    "local",
+    EngineSpec("raycobo.engine:local_session", about="this process, vectorized over clients"),
+)
+ENGINES.add(
+    "loop",
+    EngineSpec("raycobo.engine:local_session", about="this process, the per-client loop"),
+)
+ENGINES.add(
+    "ray",
+    EngineSpec(
+        "raycobo.engine.ray:ray_session",
+        keys=(
+            # the client hosts: placement and resources
+            "gpus_per_client",
+            "clients_per_actor",
+            "cpus_per_actor",
+            # failures and stragglers
+            "max_restarts",
+            "on_failure",
+            "slow_hosts",
+            "slow_seconds",
+            # the round's schedule
+            "rounds",
+            "staleness",
+        ),
+        about="client hosts as Ray actors (one machine or a cluster)",
+    ),
+)
+
+
+def engine(name: str) -> EngineSpec:
+    """The engine ``engine.kind`` names: a built-in, ``module:Object``, or an entry point
+    of the group ``raycobo.engines`` (a ConfigError naming the key otherwise)."""
+    spec = ENGINES.get(name)
+    if not isinstance(spec, EngineSpec):
+        raise ConfigError(
+            f"invalid config key 'engine.kind': '{name}' is no engine (an EngineSpec from "
+            f"raycobo.registry), but {type(spec).__name__}"
+        )
+    return spec

@@ -98,13 +98,13 @@ def test_examples_start_with_their_command_and_validate():
 
 
 def test_a_key_of_another_engine_is_refused_and_switching_engines_drops_it():
-    """engine.* keys that only the Ray engine reads (ENGINE_KEYS: its hosts, failures,
+    """engine.* keys that only the Ray engine reads (engine_keys: its hosts, failures,
     schedule) set on a local run would do nothing: refused with one line naming the key
     and the engine that reads it. Switching engine.kind by an override (a Ray YAML run
     locally) drops the old engine's own keys, as switching algorithm.name drops the old
     method's; the Ray instance's keys (address, num_cpus, ...) stay, since a parallel
     compare or a sweep on a local engine reads them too."""
-    from raycobo.config import ENGINE_KEYS, unread_engine_keys
+    from raycobo.config import engine_keys, unread_engine_keys
 
     with pytest.raises(ConfigError, match=r"'engine.clients_per_actor'.*engine.kind=ray.*local"):
         load_config(None, ["engine.clients_per_actor=4"])
@@ -121,4 +121,4 @@ def test_a_key_of_another_engine_is_refused_and_switching_engines_drops_it():
     assert unread_engine_keys(local.engine) == []
     with pytest.raises(ConfigError, match="engine.clients_per_actor"):  # given with the switch
         with_overrides(ray_cfg, {"engine.kind": "local", "engine.clients_per_actor": 2})
-    assert "rounds" in ENGINE_KEYS["ray"] and "threads" not in ENGINE_KEYS["ray"]
+    assert "rounds" in engine_keys("ray") and "threads" not in engine_keys("ray")

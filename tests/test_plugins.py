@@ -658,3 +658,75 @@ def test_a_plugin_compared_by_its_import_path_gets_a_plain_folder(tmp_path, plug
     folders = sorted(p.name for p in (tmp_path / "c").iterdir() if p.is_dir())
     assert "fp_mod_FedProx" in folders and not any(":" in f for f in folders)
     assert (tmp_path / "c" / "fp_mod_FedProx" / "summary.json").is_file()
+
+
+ENGINE_PY = '''
+from pydantic import Field
+
+from raycobo.engine import local_session
+from raycobo.registry import EngineSpec
+from raycobo.settings import Section
+
+
+class TraceSettings(Section):
+    trace: str = Field(description="a file each finished round's number is appended to")
+    every: int = Field(default=1, ge=1, description="rounds between lines")
+
+
+class Traced:
+    """The local session, appending each finished round's number to engine.trace."""
+
+    def __init__(self, inner, path, every):
+        self.inner, self.path, self.every = inner, path, every
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def round(self, t):
+        out = self.inner.round(t)
+        if t % self.every == 0:
+            with open(self.path, "a") as f:
+                f.write(f"{t}\\n")
+        return out
+
+
+def traced_session(cfg, data):
+    e = cfg.engine
+    return Traced(local_session(cfg, data), e.trace, e.every)
+
+
+TRACED = EngineSpec(traced_session, settings=TraceSettings, about="local, traced")
+'''
+
+
+def test_an_engine_is_one_module_and_one_registry_entry(tmp_path):
+    """A new engine needs its module and its EngineSpec, nothing in raycobo: named by
+    import path (or an entry point of raycobo.engines), its own engine.* keys validated by
+    its settings section (defaults filled in, bad values and unknown keys refused with one
+    line), refused under another engine, dropped when a run switches engines, and its
+    session runs the method with the local engine's numbers."""
+    (tmp_path / "examples_engine.py").write_text(ENGINE_PY)
+    trace = tmp_path / "trace.txt"
+    base = [*DIGITS, f"plugin_paths=[{tmp_path}]", "rounds=3", "tracking.enabled=false"]
+    kind = "engine.kind=examples_engine:TRACED"
+    cfg = load_config(None, [*base, kind, f"engine.trace={trace}"])
+    assert cfg.engine.trace == str(trace) and cfg.engine.every == 1  # default filled in
+    with pytest.raises(ConfigError, match=r"'engine.every'.*greater than or equal to 1"):
+        load_config(None, [*base, kind, f"engine.trace={trace}", "engine.every=0"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'engine.evry'.*'engine.every'"):
+        load_config(None, [*base, kind, f"engine.trace={trace}", "engine.evry=2"])
+    with pytest.raises(ConfigError, match=r"'engine.trace'.*Field required"):
+        load_config(None, [*base, kind])
+    with pytest.raises(ConfigError, match=r"unknown config key 'engine.trace'"):
+        load_config(None, [*base, f"engine.trace={trace}"])  # the local engine has none
+    with pytest.raises(ConfigError, match=r"'engine.kind'.*unknown engine 'rya'"):
+        load_config(None, [*base, "engine.kind=rya"])
+    local = raycobo.run(load_config(None, base), tmp_path / "local")
+    traced = raycobo.run(cfg, tmp_path / "traced")
+    assert trace.read_text().split() == ["0", "1", "2"]
+    assert traced.summary["mean_accuracy"] == local.summary["mean_accuracy"]
+    assert traced.summary["mean_loss"] == local.summary["mean_loss"]
+    from raycobo.config import with_overrides
+
+    back = with_overrides(cfg, {"engine.kind": "local"})  # its own keys go with it
+    assert "trace" not in back.engine.model_dump() and back.engine.kind == "local"

@@ -1,23 +1,26 @@
 """Engines: where the clients' computation runs (``engine.kind``), behind one session.
 
 ``open_session(cfg)`` loads the data, builds the method and returns the session the run
-loop talks to (``raycobo.engine.session``), from the registry ``ENGINES``: a
-:class:`LocalSession` over this process's ``ClientOps`` (``local``, ``loop``) or a
-``RaySession`` (``ray``). The ``ClientOps`` follow what the data set declares
-(``data.ops``: ``supervised``, ``quadratic``, ``lora``; the registry ``OPS``).
+loop talks to (``raycobo.engine.session``), from the registry
+``raycobo.registry.ENGINES``: a :class:`LocalSession` over this process's ``ClientOps``
+(``local``, ``loop``: ``local_session``) or a ``RaySession`` (``ray``). A new engine is a
+package with a ``Session`` and one ``EngineSpec`` entry there (or a plugin: ``engine.kind:
+package.module:SPEC``, or an entry point of the group ``raycobo.engines``). The
+``ClientOps`` follow what the data set declares (``data.ops``: ``supervised``,
+``quadratic``, ``lora``; the registry ``OPS``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from raycobo.algorithms.base import ClientOps
 from raycobo.config import Config, ConfigError
 from raycobo.engine.session import LocalSession, Session
+from raycobo.registry import ENGINES, engine
 
 
 @dataclass(frozen=True)
@@ -34,30 +37,16 @@ def open_session(cfg: Config) -> tuple[Session, Task]:
 
     data = load_data(cfg)
     task = Task(cfg.model.name if data.uses_model else None, data.reports_perplexity)
-    return ENGINES[cfg.engine.kind](cfg, data), task
+    return engine(cfg.engine.kind).open(cfg, data), task
 
 
-def _local_session(cfg: Config, data) -> Session:
+def local_session(cfg: Config, data) -> Session:
+    """The engines ``local`` and ``loop``: the method over this process's ClientOps (the
+    ops decide vectorized or per-client)."""
     from raycobo.algorithms import build_algorithm
 
     algo = build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
     return LocalSession(algo, make_local_ops(cfg, data), cfg.engine.threads)
-
-
-def _ray_session(cfg: Config, data) -> Session:
-    from raycobo.engine.ray import RaySession
-
-    return RaySession(cfg, data.n_clients, data)
-
-
-# engine.kind -> the session over ``data``: local and loop run in this process (the ops
-# decide vectorized or per-client), ray over host actors. A new engine is a package with
-# a Session and one entry here (and its name in EngineConfig.kind).
-ENGINES: dict[str, Callable[[Config, Any], Session]] = {
-    "local": _local_session,
-    "loop": _local_session,
-    "ray": _ray_session,
-}
 
 
 def make_local_ops(
@@ -141,4 +130,13 @@ OPS: dict[str, Callable[..., ClientOps]] = {
     "lora": _lora_ops,
 }
 
-__all__ = ["ENGINES", "OPS", "LocalSession", "Session", "Task", "make_local_ops", "open_session"]
+__all__ = [
+    "ENGINES",
+    "OPS",
+    "local_session",
+    "LocalSession",
+    "Session",
+    "Task",
+    "make_local_ops",
+    "open_session",
+]

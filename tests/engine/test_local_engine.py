@@ -327,15 +327,20 @@ def test_a_state_that_cannot_fit_is_refused_before_anything_is_allocated(monkeyp
 
 
 def test_engines_and_ops_are_chosen_by_registry():
-    """engine.kind names a registered engine, and every data set declares the ClientOps
-    that train it (no isinstance on data classes, no string branches on the kind)."""
-    from typing import get_args
-
-    from raycobo.config import EngineConfig
+    """engine.kind names a registered engine (its spec opens the session: nothing else
+    lists the kinds), and every data set declares the ClientOps that train it (no
+    isinstance on data classes, no string branches on the kind)."""
+    from raycobo.config import ConfigError
     from raycobo.data.base import FederatedData
     from raycobo.data.quadratic import QuadraticProblem
     from raycobo.data.text import TextData
-    from raycobo.engine import ENGINES, OPS
+    from raycobo.engine import ENGINES, OPS, local_session
+    from raycobo.engine.ray import ray_session
+    from raycobo.registry import engine, import_object
 
-    assert set(ENGINES) == set(get_args(EngineConfig.model_fields["kind"].annotation))
+    assert list(ENGINES.builtin) == ["local", "loop", "ray"]
+    opened = [import_object(engine(k).session, "engine.kind") for k in ENGINES.builtin]
+    assert opened == [local_session, local_session, ray_session]
+    with pytest.raises(ConfigError, match=r"'engine.kind'.*unknown engine 'rya'.*local, loop"):
+        engine("rya")
     assert {FederatedData.ops, QuadraticProblem.ops, TextData.ops} == set(OPS)

@@ -9,15 +9,16 @@
   so a restarted host (Ray's ``max_restarts``) serves the same batches as before.
 - ``Coordinator`` (actor) owns the algorithm through one round policy, given by the
   ``Schedule`` the driver resolved once from ``engine.rounds`` (``policies.py``):
-  ``SyncRounds`` runs the algorithm's own round, which asks for the alignment gradients
-  of the sampled edges and the model-step gradients (the coordinator sends each host
-  only the points of its own clients through the object store, in parallel);
-  ``StaleRounds`` (``stale``) lets CoBo's alignment results arrive up to
-  ``engine.staleness`` rounds late; ``ResidentRounds`` (``resident``, CoBo): the hosts
+  ``SyncRounds`` runs the algorithm's own round, which asks for gradients (or local
+  training) of its clients at its points (the coordinator sends each host only the
+  points of its own clients through the object store, in parallel); ``StaleRounds``
+  (``stale``) schedules the plan of a method that ``PlansRounds`` so that the results it
+  may apply late (CoBo's alignment) arrive up to ``engine.staleness`` rounds late;
+  ``ResidentRounds`` (``resident``, a method that ``StepsInRows``): the hosts
   (``ResidentHostImpl``) keep their clients' models and W rows, a round is two calls per
-  host (``res_grads``, ``res_update``) that read each other's gradients and published
-  models through the object store, rounds are pipelined one ahead, and the coordinator
-  sends indices and keeps a copy of W from the scores.
+  host that read each other's gradients and published models through the object store,
+  rounds are pipelined one ahead, and the coordinator sends indices and keeps a copy of
+  W from the scores. The engine holds no method's equations: the method's row step does.
 - ``RaySession`` (driver): places hosts and coordinator and answers the run loop; the
   driver receives round statistics, evaluations and W -- never a model.
 
@@ -28,4 +29,18 @@ the same config gives the same numbers as the local engine.
 from raycobo.engine.ray.layout import HostPlan, host_layout, plan_hosts, start_ray, with_host_plan
 from raycobo.engine.ray.session import RaySession
 
-__all__ = ["HostPlan", "RaySession", "host_layout", "plan_hosts", "start_ray", "with_host_plan"]
+
+def ray_session(cfg, data) -> RaySession:
+    """The engine ``ray`` (its registry entry, ``raycobo.registry.ENGINES``)."""
+    return RaySession(cfg, data.n_clients, data)
+
+
+__all__ = [
+    "HostPlan",
+    "RaySession",
+    "host_layout",
+    "plan_hosts",
+    "ray_session",
+    "start_ray",
+    "with_host_plan",
+]
