@@ -201,12 +201,15 @@ class Plan:
     """Round ``round``'s requests: ``ahead``'s result may be applied up to
     ``engine.staleness`` rounds late (``engine.rounds: stale``), ``now``'s is needed by
     the round itself; ``keep`` holds what the method's apply reads besides (tensors and
-    numbers: a plan in flight is checkpointed and sent again on resume)."""
+    numbers: a plan in flight is checkpointed and sent again on resume). ``drain``: this
+    round applies every ahead result still in flight, as the last round does (a method
+    whose next phase needs them all, e.g. FedAvg-FT before fine-tuning)."""
 
     round: int
     ahead: Request | None = None
     now: Request | None = None
     keep: dict[str, Any] = field(default_factory=dict)
+    drain: bool = False
 
 
 @runtime_checkable

@@ -32,6 +32,7 @@ PLANNERS = {  # the built-ins that plan their rounds, and the FedProx example pl
     "cobo": ["algorithm.sampling=full"],
     "fedavg-1": ["algorithm.name=fedavg"],
     "fedavg-3": ["algorithm.name=fedavg", "algorithm.local_steps=3", "algorithm.client_rate=0.5"],
+    "fedavg-ft": ["algorithm.name=fedavg_ft", "algorithm.ft_steps=2", "algorithm.local_steps=2"],
     "fedprox": ["algorithm.name=fp_plan:FedProx", "algorithm.mu=0.1", "algorithm.local_steps=3"],
     "oracle": ["algorithm.name=oracle", "algorithm.local_steps=2", "algorithm.client_rate=0.5"],
 }
@@ -136,6 +137,20 @@ def test_late_results_are_applied_once_within_the_bound(planner, key):
     assert not torch.equal(policy.models(), sync.models())
     if key != "cobo":  # averaging methods report the losses of the updates they applied
         assert "train_loss" not in stats[0] and "train_loss" in stats[2]
+
+
+def test_fedavg_ft_applies_every_late_update_before_it_fine_tunes(planner):
+    """FedAvg-FT's last FedAvg round drains (Plan.drain): every update still in flight is
+    applied there, so the fine-tuning rounds start from the global model of all of them
+    and apply none late; with staleness 0 it is the synchronous run (above)."""
+    cfg = planner("fedavg-ft", "rounds=7", "algorithm.ft_steps=3")  # FedAvg rounds 0-3
+    policy, stats = stale_run(cfg, 7, staleness=2, delay=2)
+    assert [s["ahead_applied"] for s in stats] == [0, 0, 1, 3, 0, 0, 0]
+    assert [s["ahead_pending"] for s in stats] == [1, 2, 2, 0, 0, 0, 0]
+    assert policy.report()["ahead_lag_max"] == 2
+    assert all("train_loss" in s for s in stats[4:])  # the fine-tuning's own losses
+    models = policy.models()
+    assert torch.isfinite(models).all() and not torch.equal(models[0], models[1])
 
 
 def test_a_late_update_moves_the_model_by_what_it_learned():

@@ -196,9 +196,9 @@ class StaleRounds(SyncRounds):
     """Bounded staleness for any method that plans its rounds (``PlansRounds``): round
     t's ``ahead`` request is sent without waiting; the round applies its ``now`` result
     and the ahead results that have arrived, waiting only for those ``engine.staleness``
-    rounds old (all of them at the last round). Plans in flight are checkpointed as
-    plain data and sent again on restore (minibatches are counter-based: the answers are
-    the same)."""
+    rounds old (all of them at the last round, and where the plan ``drain``s). Plans in
+    flight are checkpointed as plain data and sent again on restore (minibatches are
+    counter-based: the answers are the same)."""
 
     def __init__(self, algo, ops: RayClientOps, timing: RoundTiming, staleness: int, rounds: int):
         super().__init__(algo, ops, timing)
@@ -212,7 +212,7 @@ class StaleRounds(SyncRounds):
         if plan.ahead is not None:
             self.pending.append((plan, ops.submit(plan.ahead, t)))
         now = None if plan.now is None else compute(ops, plan.now, t)
-        last = t == self.rounds - 1
+        last = t == self.rounds - 1 or plan.drain
         arrived, keep = [], []
         for p, req in self.pending:
             if last or p.round <= t - self.staleness or req.ready():
