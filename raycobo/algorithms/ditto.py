@@ -6,7 +6,9 @@ Personalization", ICML 2021, https://arxiv.org/abs/2012.04221 -- Algorithm 1.
 Each round the sampled clients (i) run FedAvg's local steps on the global model w and
 (ii) update their personal model v_k <- v_k - eta * (grad f_k(v_k) + lambda (v_k - w^t)),
 with w^t the global model at the start of the round. lambda = 1 by default, as the
-CoBo paper (Appendix B) uses.
+CoBo paper (Appendix B) uses. It plans its rounds (``PlansRounds``): the global model's
+FedAvg updates may arrive late (``engine.rounds: stale``), the personal steps are
+needed by the round itself.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import torch
 from pydantic import Field
 
 from raycobo import rng
-from raycobo.algorithms.base import ClientOps
-from raycobo.algorithms.common import local_sgd, sample_clients
-from raycobo.algorithms.fedavg import fedavg_round
+from raycobo.algorithms.base import Answer, ClientOps, LocalSGD, Plan, run_plan
+from raycobo.algorithms.common import apply_arrived, sample_clients
+from raycobo.algorithms.fedavg import fedavg_request, fedavg_update
 from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
 
 
@@ -48,16 +50,37 @@ class Ditto:
         return DittoState(x0.clone(), x0.expand(ops.n_clients, -1).clone())
 
     def round(self, state: DittoState, t: int, ops: ClientOps) -> tuple[DittoState, dict]:
+        return run_plan(self, state, t, ops)
+
+    # -- PlansRounds: the global model's updates may be applied late -------------------
+    def plan_refusal(self) -> str | None:
+        return None
+
+    def plan_round(self, state: DittoState, t: int, ops: ClientOps) -> Plan:
+        """The sampled clients' FedAvg work on w (ahead) and their personal steps toward
+        w^t, v <- v - lr (g + lam (v - w^t)) (now)."""
         c = self.cfg
-        w_new, _ = fedavg_round(ops, state.w, c, self.seed, t, rng.GLOBAL)
+        ahead = fedavg_request(ops, state.w, c, self.seed, t, rng.GLOBAL)
         clients = sample_clients(ops.n_clients, c.client_rate, self.seed, t).to(state.w.device)
-        V = state.V.clone()
-        # personal steps toward w^t: v <- v - lr (g + lam (v - w^t))
-        Vk, loss = local_sgd(
-            ops, clients, V[clients], c.lr, c.local_steps, t, rng.STEP, c.lam, state.w
+        now = LocalSGD(clients, state.V[clients], c.lr, c.local_steps, rng.STEP, c.lam, state.w)
+        return Plan(t, ahead, now, {"sizes": ops.data_sizes()[ahead.clients.cpu()]})
+
+    def apply_round(
+        self, state: DittoState, plan: Plan, now: Answer | None, arrived: list
+    ) -> tuple[DittoState, dict]:
+        """w after the arrived FedAvg updates (FedAvg's rule), the personal models of the
+        round's clients from its own answer; the personal steps' first losses."""
+        lr = self.cfg.lr
+        w, _ = apply_arrived(
+            state.w,
+            plan,
+            arrived,
+            lambda x, p, out, fresh: fedavg_update(x, p.ahead, out, p.keep["sizes"], lr, fresh),
         )
-        V[clients] = Vk
-        return DittoState(w_new, V), {"train_loss": float(loss.mean())}
+        assert now is not None and plan.now is not None
+        V = state.V.clone()
+        V[plan.now.clients] = now[0]
+        return DittoState(w, V), {"train_loss": float(now[1].mean())}
 
     def eval_params(self, state: DittoState) -> torch.Tensor:
         return state.V

@@ -21,7 +21,6 @@ from raycobo.algorithms.base import (
     Gradients,
     LocalSGD,
     Plan,
-    compute,
     run_plan,
 )
 from raycobo.algorithms.common import apply_arrived, sample_clients, weighted_average
@@ -67,15 +66,6 @@ def fedavg_update(
     if fresh:
         return weighted_average(out, sizes)
     return x + (weighted_average(out, sizes) - request.start[0])
-
-
-def fedavg_round(
-    ops: ClientOps, x: torch.Tensor, cfg: FedAvgConfig, seed: int, t: int, stream: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One FedAvg round from global model x (d,). Returns (new x, client losses)."""
-    req = fedavg_request(ops, x, cfg, seed, t, stream)
-    out, loss = compute(ops, req, t)
-    return fedavg_update(x, req, out, ops.data_sizes()[req.clients.cpu()], cfg.lr, True), loss
 
 
 class FedAvg:

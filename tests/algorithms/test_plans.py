@@ -33,6 +33,7 @@ PLANNERS = {  # the built-ins that plan their rounds, and the FedProx example pl
     "fedavg-1": ["algorithm.name=fedavg"],
     "fedavg-3": ["algorithm.name=fedavg", "algorithm.local_steps=3", "algorithm.client_rate=0.5"],
     "fedavg-ft": ["algorithm.name=fedavg_ft", "algorithm.ft_steps=2", "algorithm.local_steps=2"],
+    "ditto": ["algorithm.name=ditto", "algorithm.local_steps=2", "algorithm.client_rate=0.5"],
     "fedprox": ["algorithm.name=fp_plan:FedProx", "algorithm.mu=0.1", "algorithm.local_steps=3"],
     "oracle": ["algorithm.name=oracle", "algorithm.local_steps=2", "algorithm.client_rate=0.5"],
 }
@@ -120,7 +121,7 @@ def test_staleness_zero_is_the_synchronous_round(planner, key):
     assert policy.report()["ahead_lag_max"] == 0
 
 
-@pytest.mark.parametrize("key", ["cobo", "fedavg-3", "fedprox", "oracle"])
+@pytest.mark.parametrize("key", ["cobo", "ditto", "fedavg-3", "fedprox", "oracle"])
 def test_late_results_are_applied_once_within_the_bound(planner, key):
     """Every answer two rounds late, staleness 2: each round applies the plan of two
     rounds before (none in the first two), the last round applies what is left; every
@@ -135,8 +136,10 @@ def test_late_results_are_applied_once_within_the_bound(planner, key):
     assert torch.isfinite(policy.models()).all()
     sync, _ = stale_run(cfg, 7, staleness=0, delay=0)
     assert not torch.equal(policy.models(), sync.models())
-    if key != "cobo":  # averaging methods report the losses of the updates they applied
+    if key not in ("cobo", "ditto"):  # averaging methods: the losses of what they applied
         assert "train_loss" not in stats[0] and "train_loss" in stats[2]
+    if key == "ditto":  # the personal steps' own losses, every round
+        assert all("train_loss" in s for s in stats)
 
 
 def test_fedavg_ft_applies_every_late_update_before_it_fine_tunes(planner):

@@ -414,8 +414,8 @@ def test_one_rounds_setting_resolved_once_and_a_key_that_cannot_act_is_refused(
     assert res.host_impl() is ResidentHostImpl
     assert schedule(**{"algorithm.name": "fedavg"}).mode == "sync"
     assert schedule(**{"algorithm.name": "fedavg", "engine.rounds": "stale"}).mode == "stale"
-    with pytest.raises(ConfigError, match="engine.rounds.*'ditto' does not plan"):
-        schedule(**{"algorithm.name": "ditto", "engine.rounds": "stale"})
+    with pytest.raises(ConfigError, match="engine.rounds.*'ifca' does not plan"):
+        schedule(**{"algorithm.name": "ifca", "engine.rounds": "stale"})
     with pytest.raises(ConfigError, match="engine.staleness.*rounds=stale, not resident"):
         load_config(None, ["engine.rounds=resident", "engine.staleness=1"])
     with pytest.raises(ConfigError, match="engine.resident.*engine.rounds"):
