@@ -183,6 +183,8 @@ def test_optional_capabilities_are_declared_not_probed(digits_cfg):
             "StepsInRows",
         },
         "fedavg": {"PlansRounds"},
+        "fedavg_ft": {"PlansRounds"},
+        "ditto": {"PlansRounds"},
         "oracle": {"PlansRounds"},
         "federico": {"EvaluatesItself"},
         "l2c": {"ExportsArtifacts"},
