@@ -608,13 +608,15 @@ RAYCOBO_BEFORE_PINNING = {
 # where the key applies (the box domain's pull threshold and W^0, 2026-11-27: none and 1
 # before; the mean pull's strength with rho auto: 0.2 before it was a key; the box
 # domain's re-sampling of pulled pairs: none before; the pull on the current models,
-# Eq. (3) as printed, before it acted on the stepped models by default)
+# Eq. (3) as printed, before it acted on the stepped models by default; the re-check
+# rate as set whatever a pair's samples, before recheck_samples, 2026-11-28)
 COBO_ADDED_LATER = {
     "pull_threshold": 0.0,
     "initial_weight": 1.0,
     "pull_strength": 0.2,
     "recheck": 0.0,
     "pull_at": "current",
+    "recheck_samples": 0.0,
 }
 
 
@@ -663,6 +665,10 @@ def _cobo_added_later(section: dict[str, Any]) -> None:
     rule = section.get("rule", "paper")
     rule = rule if rule in RULES else "paper"
     for key, value in COBO_ADDED_LATER.items():
+        if key == "recheck_samples" and not (
+            RULES[rule]["recheck"] if section.get("recheck") is None else section["recheck"]
+        ):
+            continue  # no re-checks: nothing to scale
         if unmet_condition(key, section, rule) is None:
             section.setdefault(key, value)
 

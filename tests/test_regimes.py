@@ -145,6 +145,26 @@ def test_a_row_counts_only_for_the_settings_it_ran():
     assert table["quad-2x2"]["cobo"]["score"] == 0.5 and table["quad-2x2"]["cobo"]["n"] == 1
 
 
+def test_rows_from_before_recheck_samples_count_where_it_changes_nothing():
+    """The defaults' recheck_samples (8) acts only where the sampler alone samples a pair
+    fewer than 8 times in the cell's run: a row written before the key counts there as
+    the defaults' run only where it changes nothing (quad-2x2: 4 clients, 200 rounds),
+    and runs again where it acts (fmnist-800-r1000: about 2 samples a pair); 0 is the key
+    off, the same as absent (the previous defaults' entry)."""
+    cells = {c["id"]: c for c in regimes.load_cells()}
+    now = regimes.entry_settings("cobo", {})
+    assert now["recheck_samples"] == 8.0
+    before = {k: v for k, v in now.items() if k != "recheck_samples"}
+    small, large = cells["quad-2x2"], cells["fmnist-800-r1000"]
+    assert regimes.same_settings(before, now, small)
+    assert not regimes.same_settings(before, now, large)
+    assert not regimes.same_settings(before, now)  # no cell: not provably the same
+    off = regimes.entry_settings("cobo", {"recheck_samples": 0.0})
+    assert regimes.same_settings(before, off, large) and regimes.same_settings(before, off)
+    changed = {**before, "gamma": 1.5}
+    assert not regimes.same_settings(changed, now, small)  # another key differs too
+
+
 def digits_rows() -> tuple[dict, list[dict]]:
     """Result rows of one cell: Local and Oracle on seeds 0-1, CoBo on seed 0."""
     row = {"cell": "digits-8-r100", "diverged": False, "loss": None}

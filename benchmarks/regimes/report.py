@@ -34,7 +34,7 @@ def sibling(name: str):
 
 
 _run = sibling("run")
-load_cells, read_results = _run.load_cells, _run.read_results
+load_cells, read_results, clients = _run.load_cells, _run.read_results, _run.clients
 
 MIN_GAP = {"accuracy": 0.03, "loss": 0.0}  # cells where Oracle - Local >= 3 points count
 
@@ -220,17 +220,6 @@ def plot(table: dict, entries: list[str], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def clients(cell: dict) -> int | None:
-    """A cell's client count from its partition (clusters x clients, or a list of sizes)."""
-    part = cell["config"]["data"].get("partition") or {}
-    per = part.get("clients_per_cluster")
-    if isinstance(per, list):
-        return sum(per)
-    if per is not None and part.get("num_clusters") is not None:
-        return int(per) * int(part["num_clusters"])
-    return None
 
 
 def scaling(table: dict, entry: str = "cobo", min_clients: int = 80) -> str:

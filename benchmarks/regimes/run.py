@@ -182,15 +182,58 @@ def entry_settings(method: str, overrides: dict) -> dict:
     return validate({"algorithm": algorithm}).pinned().to_dict()["algorithm"]
 
 
-def same_settings(ran: dict | None, now: dict) -> bool:
+def clients(cell: dict) -> int | None:
+    """A cell's client count from its partition (clusters x clients, or a list of sizes)."""
+    part = cell["config"]["data"].get("partition") or {}
+    per = part.get("clients_per_cluster")
+    if isinstance(per, list):
+        return sum(per)
+    if per is not None and part.get("num_clusters") is not None:
+        return int(per) * int(part["num_clusters"])
+    return None
+
+
+def _set(settings: dict) -> dict:
+    """The keys that act: not null, and recheck_samples not 0 (off, as before the key)."""
+    return {
+        k: v
+        for k, v in settings.items()
+        if v is not None and not (k == "recheck_samples" and v == 0)
+    }
+
+
+def inert_recheck_samples(now: dict, cell: dict) -> bool:
+    """Whether CoBo with settings ``now`` on ``cell`` leaves its re-check rates as set: the
+    sampler alone samples each pair at least recheck_samples times in the cell's run."""
+    from raycobo.algorithms.cobo import CoBo
+    from raycobo.config import validate
+
+    n = clients(cell)
+    if n is None:
+        return False
+    algo = CoBo(validate({"algorithm": now}).algorithm, cell["config"]["rounds"], 0)
+    return algo.recheck_scale(n) == 1.0
+
+
+def same_settings(ran: dict | None, now: dict, cell: dict | None = None) -> bool:
     """Whether a row that ran ``ran`` (None: written before rows recorded settings)
     counts as an entry's run with ``now``: the same values, a null key the same as an
-    absent one (a key added since, null while off, leaves the rows before it valid)."""
+    absent one (a key added since, null while off, leaves the rows before it valid), and
+    on ``cell`` a row from before ``recheck_samples`` where the key changes nothing there
+    (every pair sampled at least that often: the same rounds, draw for draw)."""
     if ran is None:
         return True
-    return {k: v for k, v in ran.items() if v is not None} == {
-        k: v for k, v in now.items() if v is not None
-    }
+    had, have = _set(ran), _set(now)
+    if had == have:
+        return True
+    added = "recheck_samples" in have and "recheck_samples" not in had
+    if (
+        added
+        and cell is not None
+        and had == {k: v for k, v in have.items() if k != "recheck_samples"}
+    ):
+        return inert_recheck_samples(now, cell)
+    return False
 
 
 def run_one(job: dict) -> dict:
@@ -251,7 +294,7 @@ def plan_jobs(
         for entry, (method, overrides) in entries.items():
             for seed in seeds:
                 key = (cell["id"], entry, seed, split)
-                if key in done and same_settings(done[key], now[entry]):
+                if key in done and same_settings(done[key], now[entry], cell):
                     continue
                 jobs.append(
                     dict(

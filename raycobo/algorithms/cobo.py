@@ -72,6 +72,7 @@ RULES: dict[str, dict[str, object]] = {
         "pull_threshold": PULL_THRESHOLD,
         "initial_weight": 0.0,
         "recheck": 0.02,
+        "recheck_samples": 8.0,
     },
     "paper": {
         "alignment": "inner",
@@ -85,6 +86,7 @@ RULES: dict[str, dict[str, object]] = {
         "pull_threshold": 0.0,
         "initial_weight": 1.0,
         "recheck": 0.0,
+        "recheck_samples": 0.0,
     },
 }
 # keys that apply only where other keys have these values: written out (pinned, MLflow
@@ -96,6 +98,7 @@ ONLY_WITH: dict[str, dict[str, str]] = {
     "recheck": {"domain": "box"},
     "recheck_unsettled": {"domain": "box"},
     "recheck_decay": {"domain": "box"},
+    "recheck_samples": {"domain": "box"},
     "hold": {"domain": "box"},
     "pull_strength": {"pull": "mean", "rho": "auto", "domain": "box"},
 }
@@ -221,6 +224,16 @@ class CoBoConfig(MethodConfig):
         "pair pulled early is measured again while its scores are informative, and no "
         "more often late, when a cluster's pairs score about 0 (null: recheck's all along)",
     )
+    recheck_samples: float | None = Field(
+        default=None,
+        ge=0,
+        description="box domain, with recheck: where the sampling strategy alone samples "
+        "a pair fewer than this many times over the run (S, in expectation), the pulled "
+        "pairs' re-check rates are multiplied by this / S (at most 1), so that where the "
+        "sampler sees each pair rarely (many clients, a short run) a pair wrongly pulled "
+        "after one early sample is measured again sooner (0: recheck's rate whatever S)"
+        + _by_rule("recheck_samples"),
+    )
     hold: float | None = _share(
         "box domain: the score of a pair the pull reads is raised by this in "
         "Eq. (1) (hysteresis: a collaborator is dropped on evidence that it is not aligned, "
@@ -266,6 +279,7 @@ class CoBoConfig(MethodConfig):
         "recheck",
         "recheck_unsettled",
         "recheck_decay",
+        "recheck_samples",
         "hold",
     )
     @classmethod
@@ -280,7 +294,7 @@ class CoBoConfig(MethodConfig):
                 f"applies to {field}: {wanted}, not {have} (it would do nothing): drop it"
                 + (f", or set algorithm.{field}={wanted}" if field != "domain" else "")
             )
-        if info.field_name in ("recheck_unsettled", "recheck_decay"):
+        if info.field_name in ("recheck_unsettled", "recheck_decay", "recheck_samples"):
             rule = info.data.get("rule", "raycobo")
             base = info.data.get("recheck")
             if not (RULES[rule]["recheck"] if base is None else base):
@@ -300,6 +314,8 @@ class CoBoConfig(MethodConfig):
         for key, conditions in ONLY_WITH.items():
             if any(out[field] != value for field, value in conditions.items()):
                 out[key] = None
+        if not out["recheck"]:  # re-check rates' settings, without re-checks
+            out["recheck_samples"] = None
         return out
 
 
@@ -704,7 +720,7 @@ class CoBo:
         hold = float(c.hold or 0.0)
         if c.gamma_decay == "none" or c.domain != "box" or not c.recheck:
             return WStep(gamma, gamma, self.threshold(), hold) if hold else WStep(gamma)
-        pulled = min(gamma, self.gamma_at(t, n, self.recheck_floor()))
+        pulled = min(gamma, self.gamma_at(t, n, self.recheck_floor(n)))
         # where the sampler's rate was never below recheck, the same step
         if pulled >= gamma and not hold:
             return WStep(gamma)
@@ -836,7 +852,7 @@ class CoBo:
         if c.domain != "box" or not c.recheck:
             return 0.0
         r = c.recheck_unsettled if unsettled and c.recheck_unsettled is not None else c.recheck
-        r = self.recheck_at(float(r), t)
+        r = self.recheck_at(min(1.0, float(r) * self.recheck_scale(n)), t)
         p = self.sampler(n).probability(t)
         return max(0.0, (r - p) / (1.0 - p)) if p < 1 else 0.0
 
@@ -847,10 +863,20 @@ class CoBo:
             return rate
         return floor_at((rate, self.rounds), t)
 
-    def recheck_floor(self) -> float | tuple[float, int]:
-        """The sampling rate a pulled pair has at least, for the W step's k_t: recheck, or
-        (recheck, rounds) where it decays (``samplers.expected_samples``)."""
-        rate = float(self.cfg.recheck)
+    def recheck_scale(self, n: int) -> float:
+        """``recheck_samples`` K over S, the samples of a pair the sampler alone expects
+        in the run among n clients, where S < K (1 elsewhere, and without the key)."""
+        want = self.cfg.recheck_samples
+        if not want:
+            return 1.0
+        have = self.sampler(n).expected_samples(self.rounds)
+        return max(1.0, want / have) if have > 0 else math.inf
+
+    def recheck_floor(self, n: int) -> float | tuple[float, int]:
+        """The sampling rate a pulled pair has at least among n clients, for the W step's
+        k_t: recheck (scaled by ``recheck_scale``), or (that, rounds) where it decays
+        (``samplers.expected_samples``)."""
+        rate = min(1.0, float(self.cfg.recheck) * self.recheck_scale(n))
         return (rate, self.rounds) if self.cfg.recheck_decay == "sqrt" else rate
 
     def samples_from_w(self, t: int, n: int) -> bool:

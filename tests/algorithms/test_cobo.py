@@ -660,7 +660,8 @@ def test_recheck_resamples_the_pulled_pairs_dense_and_sparse():
     assert torch.equal(pulled_pairs(dense, 0.5, active), want[[0, 2, 3]])
 
     def sampled(recheck, W, t=3):
-        algo = CoBo(CoBoConfig(recheck=recheck, sampling_c=1.0), rounds=50, seed=0)
+        off = {"recheck_samples": 0.0} if recheck else {}  # the rate as set (S < 8 here)
+        algo = CoBo(CoBoConfig(recheck=recheck, sampling_c=1.0, **off), rounds=50, seed=0)
         return algo.sample_edges(None, t, n, W=W)[0]
 
     plain = CoBo(CoBoConfig(sampling_c=1.0), rounds=50, seed=0).sample_edges(None, 3, n)[0]
@@ -753,18 +754,25 @@ def test_recheck_is_a_box_domain_key_and_old_runs_ran_without_it(tmp_path):
     from raycobo.config import ConfigError, load_config, load_stored_config
 
     # mixed sampling over 10 rounds: p = 2/200 = 0.01 < 0.02 among 200 clients (W is read)
-    assert CoBo(CoBoConfig(), 10, 0).samples_from_w(0, 200)
-    assert not CoBo(CoBoConfig(), 10, 0).samples_from_w(0, 50)  # p = 0.04: W not read
+    assert CoBo(CoBoConfig(recheck_samples=0.0), 10, 0).samples_from_w(0, 200)
+    assert not CoBo(CoBoConfig(recheck_samples=0.0), 10, 0).samples_from_w(
+        0, 50
+    )  # p = 0.04: W not read
     # ... until mixed sampling's second half: p = min(0.04, 1 / (t + 1)) = 0.01 at t = 99
-    assert CoBo(CoBoConfig(), 100, 0).samples_from_w(99, 50)
+    assert CoBo(CoBoConfig(recheck_samples=0.0), 100, 0).samples_from_w(99, 50)
     assert not CoBo(CoBoConfig(rule="paper"), 10, 0).samples_from_w(0, 200)
     assert not CoBo(CoBoConfig(domain="simplex"), 10, 0).samples_from_w(0, 200)
     with pytest.raises(ConfigError, match="algorithm.recheck.*domain"):
         load_config(None, ["algorithm.domain=simplex", "algorithm.recheck=0.1"])
     pinned = CoBoConfig().pinned().model_dump(mode="json")
-    assert pinned["recheck"] == 0.02
-    del pinned["recheck"]
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
+    assert pinned["recheck"] == 0.02 and pinned["recheck_samples"] == 8.0
+    before_k = {k: v for k, v in pinned.items() if k != "recheck_samples"}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": before_k}))
+    old_k = CoBo(load_stored_config(tmp_path / "config.yaml").algorithm, 10, 0)
+    assert old_k.cfg.recheck_samples == 0.0  # before recheck_samples: the rate as set
+    assert not old_k.samples_from_w(0, 50)
+    del before_k["recheck"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": before_k}))
     old = CoBo(load_stored_config(tmp_path / "config.yaml").algorithm, 10, 0)
     assert not old.samples_from_w(0, 200)
 
@@ -829,7 +837,7 @@ def test_a_pulled_pair_steps_as_often_as_recheck_samples_it():
     from raycobo.algorithms.sparse_weights import SparseBoxWeights
 
     n, t = 200, 60  # mixed sampling: p = 2/200 = 0.01 < recheck 0.02 from round 0
-    algo = CoBo(CoBoConfig(), rounds=100, seed=0)
+    algo = CoBo(CoBoConfig(recheck_samples=0.0), rounds=100, seed=0)
     step = algo.w_step(t, n)
     assert step.gamma == pytest.approx(3.0 / math.sqrt(1 + 0.01 * t))
     assert step.pulled == pytest.approx(3.0 / math.sqrt(1 + 0.02 * t)) and step.cut == 0.5
@@ -860,13 +868,13 @@ def test_recheck_decay_raises_the_early_rate_and_the_w_step_counts_it():
     from raycobo.config import ConfigError, load_config
 
     n = 200  # mixed sampling: p = 2/200 = 0.01 in the first half
-    algo = CoBo(CoBoConfig(recheck_decay="sqrt"), rounds=100, seed=0)
+    algo = CoBo(CoBoConfig(recheck_decay="sqrt", recheck_samples=0.0), rounds=100, seed=0)
     assert algo.recheck_at(0.02, 99) == pytest.approx(0.02)
     assert algo.recheck_at(0.02, 24) == pytest.approx(0.04)
     assert algo.recheck_at(0.5, 0) == 1.0
     p = 0.01
     assert algo.recheck_rate(24, n) == pytest.approx((0.04 - p) / (1 - p))
-    plain = CoBo(CoBoConfig(), rounds=100, seed=0)
+    plain = CoBo(CoBoConfig(recheck_samples=0.0), rounds=100, seed=0)
     assert plain.recheck_rate(24, n) == pytest.approx((0.02 - p) / (1 - p))
     t = 30
     k = sum(max(p, floor_at((0.02, 100), tau)) for tau in range(t))
@@ -877,3 +885,45 @@ def test_recheck_decay_raises_the_early_rate_and_the_w_step_counts_it():
         load_config(None, ["algorithm.recheck=0", "algorithm.recheck_decay=sqrt"])
     with pytest.raises(ConfigError, match="algorithm.recheck_decay.*domain"):
         load_config(None, ["algorithm.domain=simplex", "algorithm.recheck_decay=sqrt"])
+
+
+def test_recheck_samples_raises_the_rate_where_the_sampler_sees_each_pair_rarely():
+    """recheck_samples K (rule raycobo: 8): where the sampler alone samples a pair S < K
+    times over the run (in expectation), the pulled pairs' rate is recheck * K / S (at
+    most 1), and their W step's k_t counts that rate; where S >= K nothing changes (the
+    same rounds, the same draws); 0: off; the box domain's key, only with recheck > 0,
+    not pinned where there are no re-checks."""
+    from raycobo.config import ConfigError, load_config
+
+    def made(n, rounds, **kw):
+        return CoBo(CoBoConfig(**kw), rounds=rounds, seed=0)
+
+    n, R = 800, 1000  # mixed: p = 2/800 in the first half, far less after the switch
+    S = made(n, R).sampler(n).expected_samples(R)
+    assert 1.5 < S < 2.5
+    algo = made(n, R)  # rule raycobo: K = 8
+    assert algo.cfg.recheck_samples == 8
+    rate = 0.02 * 8 / S
+    p = algo.sampler(n).probability(10)
+    assert algo.recheck_rate(10, n) == pytest.approx((rate - p) / (1 - p))
+    off = made(n, R, recheck_samples=0.0)  # the rate as set
+    assert off.recheck_rate(10, n) == pytest.approx((0.02 - p) / (1 - p))
+    t = 300
+    k = algo.sampler(n).expected_samples(t, rate)
+    assert k == pytest.approx(t * rate)  # the rate is above p_tau throughout
+    assert algo.w_step(t, n).pulled == pytest.approx(3.0 / (1 + k) ** 0.5)
+    assert made(4, 100, recheck_samples=1e6).recheck_floor(4) == 1.0  # at most 1
+    # many samples a pair (80 clients, 3,000 rounds): the defaults' numbers
+    rich, plain = made(80, 3000), made(80, 3000, recheck_samples=0.0)
+    assert rich.sampler(80).expected_samples(3000) > 8
+    for t in (0, 100, 2999):
+        assert rich.recheck_rate(t, 80) == plain.recheck_rate(t, 80)
+        assert rich.w_step(t, 80) == plain.w_step(t, 80)
+    with pytest.raises(ConfigError, match="algorithm.recheck_samples.*recheck > 0"):
+        load_config(None, ["algorithm.recheck=0", "algorithm.recheck_samples=8"])
+    with pytest.raises(ConfigError, match="algorithm.recheck_samples.*domain"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.recheck_samples=8"])
+    with pytest.raises(ConfigError, match="algorithm.recheck_samples"):
+        load_config(None, ["algorithm.recheck_samples=-1"])
+    assert CoBoConfig(rule="paper").pinned().recheck_samples is None  # no re-checks there
+    assert CoBoConfig(recheck=0.0).pinned().recheck_samples is None
