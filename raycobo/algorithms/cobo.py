@@ -869,8 +869,10 @@ class CoBo:
         want = self.cfg.recheck_samples
         if not want:
             return 1.0
-        have = self.sampler(n).expected_samples(self.rounds)
-        return max(1.0, want / have) if have > 0 else math.inf
+        have = self.sampler(n).samples_below(want)  # None: at least want
+        if have is None:
+            return 1.0
+        return want / have if have > 0 else math.inf
 
     def recheck_floor(self, n: int) -> float | tuple[float, int]:
         """The sampling rate a pulled pair has at least among n clients, for the W step's

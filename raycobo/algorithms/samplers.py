@@ -130,6 +130,12 @@ class EdgeSampler:
             return 0.0
         return _cumulative(self, t, floor)
 
+    def samples_below(self, k: float) -> float | None:
+        """The samples a pair has over the whole run, in expectation (the sum of p_t over
+        the rounds), where that is below ``k``; None where it reaches ``k`` (the sum
+        stops there: a run of millions of rounds costs only the rounds up to k)."""
+        return _samples_below(dataclasses.replace(self, seed=0), float(k))
+
     def sample(self, t: int) -> torch.Tensor:
         """Edges (E, 2) with i < j for round t."""
         gen = rng.generator(self.seed, rng.SAMPLER, t)
@@ -181,6 +187,16 @@ def _probabilities(
         total += max(sampler.probability(t), floor_at(floor, t))
         out.append(total)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _samples_below(sampler: EdgeSampler, k: float) -> float | None:
+    total = 0.0
+    for t in range(sampler.rounds):
+        total += sampler.probability(t)
+        if total >= k:
+            return None
+    return total
 
 
 def _cumulative(sampler: EdgeSampler, t: int, floor: float | tuple[float, int] = 0.0) -> float:

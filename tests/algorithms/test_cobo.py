@@ -913,6 +913,9 @@ def test_recheck_samples_raises_the_rate_where_the_sampler_sees_each_pair_rarely
     assert k == pytest.approx(t * rate)  # the rate is above p_tau throughout
     assert algo.w_step(t, n).pulled == pytest.approx(3.0 / (1 + k) ** 0.5)
     assert made(4, 100, recheck_samples=1e6).recheck_floor(4) == 1.0  # at most 1
+    # S is summed only until it reaches K: a run of ten million rounds starts at once
+    assert made(4, 10_000_000).sampler(4).samples_below(8) is None
+    assert made(4, 10_000_000).recheck_scale(4) == 1.0
     # many samples a pair (80 clients, 3,000 rounds): the defaults' numbers
     rich, plain = made(80, 3000), made(80, 3000, recheck_samples=0.0)
     assert rich.sampler(80).expected_samples(3000) > 8
