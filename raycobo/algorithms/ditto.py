@@ -21,8 +21,8 @@ from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import Answer, ClientOps, LocalSGD, Plan, run_plan
-from raycobo.algorithms.common import apply_arrived, sample_clients
-from raycobo.algorithms.fedavg import fedavg_request, fedavg_update
+from raycobo.algorithms.common import sample_clients
+from raycobo.algorithms.fedavg import fedavg_arrived, fedavg_request
 from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
 
 
@@ -70,13 +70,7 @@ class Ditto:
     ) -> tuple[DittoState, dict]:
         """w after the arrived FedAvg updates (FedAvg's rule), the personal models of the
         round's clients from its own answer; the personal steps' first losses."""
-        lr = self.cfg.lr
-        w, _ = apply_arrived(
-            state.w,
-            plan,
-            arrived,
-            lambda x, p, out, fresh: fedavg_update(x, p.ahead, out, p.keep["sizes"], lr, fresh),
-        )
+        w, _ = fedavg_arrived(state.w, plan, arrived, self.cfg.lr)
         assert now is not None and plan.now is not None
         V = state.V.clone()
         V[plan.now.clients] = now[0]

@@ -52,6 +52,19 @@ def fedavg_request(
     return LocalSGD(clients, start, cfg.lr, cfg.local_steps, stream)
 
 
+def fedavg_arrived(
+    x: torch.Tensor, plan: Plan, arrived: list[tuple[Plan, Answer]], lr: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The global model after the FedAvg updates that arrived (``apply_arrived`` with
+    ``fedavg_update``; each plan keeps its clients' training-set ``sizes``)."""
+    return apply_arrived(
+        x,
+        plan,
+        arrived,
+        lambda x, p, out, fresh: fedavg_update(x, p.ahead, out, p.keep["sizes"], lr, fresh),
+    )
+
+
 def fedavg_update(
     x: torch.Tensor, request: Gradients | LocalSGD, out: torch.Tensor, sizes, lr: float, fresh: bool
 ) -> torch.Tensor:
@@ -93,13 +106,7 @@ class FedAvg:
     ) -> tuple[FedAvgState, dict]:
         """The arrived rounds' updates, oldest first; the clients' first-step losses of
         those rounds (none arrived: no train_loss this round)."""
-        lr = self.cfg.lr
-        x, stats = apply_arrived(
-            state.x,
-            plan,
-            arrived,
-            lambda x, p, out, fresh: fedavg_update(x, p.ahead, out, p.keep["sizes"], lr, fresh),
-        )
+        x, stats = fedavg_arrived(state.x, plan, arrived, self.cfg.lr)
         m = plan.ahead.clients.numel()
         stats["bytes_sent"] = float(2 * m * x.shape[0] * 4)  # the model down and back
         return FedAvgState(x, state.n, state.X), stats
