@@ -852,7 +852,7 @@ class CoBo:
         if c.domain != "box" or not c.recheck:
             return 0.0
         r = c.recheck_unsettled if unsettled and c.recheck_unsettled is not None else c.recheck
-        r = self.recheck_at(min(1.0, float(r) * self.recheck_scale(n)), t)
+        r = self.recheck_at(self.scaled_recheck(float(r), n), t)
         p = self.sampler(n).probability(t)
         return max(0.0, (r - p) / (1.0 - p)) if p < 1 else 0.0
 
@@ -874,11 +874,15 @@ class CoBo:
             return 1.0
         return want / have if have > 0 else math.inf
 
+    def scaled_recheck(self, rate: float, n: int) -> float:
+        """A re-check rate among n clients raised by ``recheck_scale``, at most 1."""
+        return min(1.0, rate * self.recheck_scale(n))
+
     def recheck_floor(self, n: int) -> float | tuple[float, int]:
         """The sampling rate a pulled pair has at least among n clients, for the W step's
         k_t: recheck (scaled by ``recheck_scale``), or (that, rounds) where it decays
         (``samplers.expected_samples``)."""
-        rate = min(1.0, float(self.cfg.recheck) * self.recheck_scale(n))
+        rate = self.scaled_recheck(float(self.cfg.recheck), n)
         return (rate, self.rounds) if self.cfg.recheck_decay == "sqrt" else rate
 
     def samples_from_w(self, t: int, n: int) -> bool:
