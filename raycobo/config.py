@@ -609,7 +609,8 @@ RAYCOBO_BEFORE_PINNING = {
 # before; the mean pull's strength with rho auto: 0.2 before it was a key; the box
 # domain's re-sampling of pulled pairs: none before; the pull on the current models,
 # Eq. (3) as printed, before it acted on the stepped models by default; the re-check
-# rate as set whatever a pair's samples, before recheck_samples, 2026-11-28)
+# rate as set whatever a pair's samples, before recheck_samples, 2026-11-28; the sampling
+# strategy's rates as set, before sampling_samples, 2026-11-28)
 COBO_ADDED_LATER = {
     "pull_threshold": 0.0,
     "initial_weight": 1.0,
@@ -617,6 +618,7 @@ COBO_ADDED_LATER = {
     "recheck": 0.0,
     "pull_at": "current",
     "recheck_samples": 0.0,
+    "sampling_samples": 0.0,
 }
 
 

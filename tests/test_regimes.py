@@ -145,22 +145,31 @@ def test_a_row_counts_only_for_the_settings_it_ran():
     assert table["quad-2x2"]["cobo"]["score"] == 0.5 and table["quad-2x2"]["cobo"]["n"] == 1
 
 
-def test_rows_from_before_recheck_samples_count_where_it_changes_nothing():
-    """The defaults' recheck_samples (8) acts only where the sampler alone samples a pair
-    fewer than 8 times in the cell's run: a row written before the key counts there as
-    the defaults' run only where it changes nothing (quad-2x2: 4 clients, 200 rounds),
-    and runs again where it acts (fmnist-800-r1000: about 2 samples a pair); 0 is the key
-    off, the same as absent (the previous defaults' entry)."""
+def test_rows_from_before_the_sample_count_keys_count_where_they_change_nothing():
+    """The defaults' recheck_samples (8) and sampling_samples (12) act only where the
+    sampler alone samples a pair fewer times in the cell's run: a row written before
+    either key counts there as the defaults' run only where they change nothing
+    (quad-2x2: 4 clients, 200 rounds), and runs again where they act (fmnist-800-r1000:
+    about 2 samples a pair; fmnist-400: about 8, so recheck_samples is inert there but
+    sampling_samples is not); 0 is a key off, the same as absent."""
     cells = {c["id"]: c for c in regimes.load_cells()}
     now = regimes.entry_settings("cobo", {})
-    assert now["recheck_samples"] == 8.0
-    before = {k: v for k, v in now.items() if k != "recheck_samples"}
-    small, large = cells["quad-2x2"], cells["fmnist-800-r1000"]
-    assert regimes.same_settings(before, now, small)
-    assert not regimes.same_settings(before, now, large)
-    assert not regimes.same_settings(before, now)  # no cell: not provably the same
-    off = regimes.entry_settings("cobo", {"recheck_samples": 0.0})
-    assert regimes.same_settings(before, off, large) and regimes.same_settings(before, off)
+    assert now["recheck_samples"] == 8.0 and now["sampling_samples"] == 12.0
+    later = set(regimes.AFTER_ROWS)
+    before = {k: v for k, v in now.items() if k not in later}
+    before_s = {k: v for k, v in now.items() if k not in ("sampling_samples", "sampling_scale_max")}
+    small, large, mid = cells["quad-2x2"], cells["fmnist-800-r1000"], cells["fmnist-400"]
+    for ran in (before, before_s):
+        assert regimes.same_settings(ran, now, small)
+        assert not regimes.same_settings(ran, now, large)
+        assert not regimes.same_settings(ran, now, mid)
+        assert not regimes.same_settings(ran, now)  # no cell: not provably the same
+    off = regimes.entry_settings("cobo", {"sampling_samples": 0.0})
+    assert regimes.same_settings(before_s, off, large) and regimes.same_settings(before_s, off)
+    assert regimes.same_settings(before, off, mid)  # recheck_samples: inert at S = 8.2
+    assert not regimes.same_settings(before, off, large)
+    both_off = regimes.entry_settings("cobo", {"sampling_samples": 0.0, "recheck_samples": 0.0})
+    assert regimes.same_settings(before, both_off, large)
     changed = {**before, "gamma": 1.5}
     assert not regimes.same_settings(changed, now, small)  # another key differs too
 

@@ -193,18 +193,24 @@ def clients(cell: dict) -> int | None:
     return None
 
 
+# CoBo keys that act only where the sampler alone samples a pair fewer than K times in
+# the run (S < K): a row from before them counts where they are inert on its cell
+AFTER_ROWS = ("recheck_samples", "sampling_samples", "sampling_scale_max")
+OFF_AT_ZERO = ("recheck_samples", "sampling_samples")
+
+
 def _set(settings: dict) -> dict:
-    """The keys that act: not null, and recheck_samples not 0 (off, as before the key)."""
+    """The keys that act: not null, and recheck_samples or sampling_samples not 0 (off,
+    as before the key)."""
     return {
-        k: v
-        for k, v in settings.items()
-        if v is not None and not (k == "recheck_samples" and v == 0)
+        k: v for k, v in settings.items() if v is not None and not (k in OFF_AT_ZERO and v == 0)
     }
 
 
-def inert_recheck_samples(now: dict, cell: dict) -> bool:
-    """Whether CoBo with settings ``now`` on ``cell`` leaves its re-check rates as set: the
-    sampler alone samples each pair at least recheck_samples times in the cell's run."""
+def inert_on(now: dict, cell: dict, keys: set[str]) -> bool:
+    """Whether CoBo with settings ``now`` on ``cell`` runs as without ``keys`` (of
+    ``AFTER_ROWS``): the sampler alone samples each pair at least sampling_samples and
+    recheck_samples times in the cell's run, so neither scales a rate."""
     from raycobo.algorithms.cobo import CoBo
     from raycobo.config import validate
 
@@ -212,27 +218,25 @@ def inert_recheck_samples(now: dict, cell: dict) -> bool:
     if n is None:
         return False
     algo = CoBo(validate({"algorithm": now}).algorithm, cell["config"]["rounds"], 0)
-    return algo.recheck_scale(n) == 1.0
+    if "sampling_samples" in keys and algo.sampler(n).scale != 1.0:
+        return False
+    return "recheck_samples" not in keys or algo.recheck_scale(n) == 1.0
 
 
 def same_settings(ran: dict | None, now: dict, cell: dict | None = None) -> bool:
     """Whether a row that ran ``ran`` (None: written before rows recorded settings)
     counts as an entry's run with ``now``: the same values, a null key the same as an
     absent one (a key added since, null while off, leaves the rows before it valid), and
-    on ``cell`` a row from before ``recheck_samples`` where the key changes nothing there
+    on ``cell`` a row from before ``AFTER_ROWS``' keys where they change nothing there
     (every pair sampled at least that often: the same rounds, draw for draw)."""
     if ran is None:
         return True
     had, have = _set(ran), _set(now)
     if had == have:
         return True
-    added = "recheck_samples" in have and "recheck_samples" not in had
-    if (
-        added
-        and cell is not None
-        and had == {k: v for k, v in have.items() if k != "recheck_samples"}
-    ):
-        return inert_recheck_samples(now, cell)
+    added = {k for k in AFTER_ROWS if k in have and k not in had}
+    if added and cell is not None and had == {k: v for k, v in have.items() if k not in added}:
+        return inert_on(now, cell, added)
     return False
 
 

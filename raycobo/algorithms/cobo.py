@@ -73,6 +73,8 @@ RULES: dict[str, dict[str, object]] = {
         "initial_weight": 0.0,
         "recheck": 0.02,
         "recheck_samples": 8.0,
+        "sampling_samples": 12.0,
+        "sampling_scale_max": 4.0,
     },
     "paper": {
         "alignment": "inner",
@@ -87,6 +89,8 @@ RULES: dict[str, dict[str, object]] = {
         "initial_weight": 1.0,
         "recheck": 0.0,
         "recheck_samples": 0.0,
+        "sampling_samples": 0.0,
+        "sampling_scale_max": 1.0,
     },
 }
 # keys that apply only where other keys have these values: written out (pinned, MLflow
@@ -228,7 +232,8 @@ class CoBoConfig(MethodConfig):
         default=None,
         ge=0,
         description="box domain, with recheck: where the sampling strategy alone samples "
-        "a pair fewer than this many times over the run (S, in expectation), the pulled "
+        "a pair fewer than this many times over the run (S, in expectation, its own rates "
+        "before sampling_samples), the pulled "
         "pairs' re-check rates are multiplied by this / S (at most 1), so that where the "
         "sampler sees each pair rarely (many clients, a short run) a pair wrongly pulled "
         "after one early sample is measured again sooner (0: recheck's rate whatever S)"
@@ -251,6 +256,20 @@ class CoBoConfig(MethodConfig):
         description="mixed, mixed_sqrt: the constant phase, a share of the rounds or "
         "{samples: K} (until each pair has had K samples in expectation, whatever the run's "
         "length)" + _by_rule("mixed_switch"),
+    )
+    sampling_samples: float | None = Field(
+        default=None,
+        ge=0,
+        description="where the sampling strategy samples a pair fewer than this many times "
+        "over the run (S, in expectation: many clients, a short run), its p_t are all "
+        "multiplied by this / S, at most sampling_scale_max (0: the strategy's rates)"
+        + _by_rule("sampling_samples"),
+    )
+    sampling_scale_max: float | None = Field(
+        default=None,
+        ge=1,
+        description="with sampling_samples: the most its factor raises the strategy's "
+        "rates, so that a round's pairs stay O(n)" + _by_rule("sampling_scale_max"),
     )
     # the authors' code (github epfml/CoBo, personalized-vision-models) where it differs
     # from Algorithm 1; the defaults are the paper's
@@ -304,6 +323,29 @@ class CoBoConfig(MethodConfig):
                 )
         return value
 
+    @field_validator("sampling_samples", "sampling_scale_max")
+    @classmethod
+    def _raises_sampling(cls, value: float | None, info: ValidationInfo) -> float | None:
+        """sampling_samples with every pair sampled every round, or its cap without it,
+        would do nothing: refused."""
+        if value is None:
+            return value
+        if info.field_name == "sampling_samples":
+            if value and info.data.get("sampling") == "full":
+                raise ValueError(
+                    "applies to a sampling that skips pairs, not full (every pair every "
+                    "round: it would do nothing): drop it"
+                )
+            return value
+        rule = info.data.get("rule", "raycobo")
+        least = info.data.get("sampling_samples")
+        if not (RULES[rule]["sampling_samples"] if least is None else least):
+            raise ValueError(
+                "applies with algorithm.sampling_samples > 0, not 0 (it would do nothing): "
+                "drop it, or set algorithm.sampling_samples"
+            )
+        return value
+
     def effective(self) -> dict:
         """The settings with the rule's values where a key is null (a key of one
         alignment or domain only with that alignment or domain)."""
@@ -316,6 +358,10 @@ class CoBoConfig(MethodConfig):
                 out[key] = None
         if not out["recheck"]:  # re-check rates' settings, without re-checks
             out["recheck_samples"] = None
+        if out["sampling"] == "full":  # every pair every round: nothing to scale
+            out["sampling_samples"] = None
+        if not out["sampling_samples"]:  # the factor's cap, without the factor
+            out["sampling_scale_max"] = None
         return out
 
 
@@ -864,12 +910,13 @@ class CoBo:
         return floor_at((rate, self.rounds), t)
 
     def recheck_scale(self, n: int) -> float:
-        """``recheck_samples`` K over S, the samples of a pair the sampler alone expects
-        in the run among n clients, where S < K (1 elsewhere, and without the key)."""
+        """``recheck_samples`` K over S, the samples of a pair the sampling strategy
+        alone expects in the run among n clients (its own rates, before
+        ``sampling_samples`` scales them), where S < K (1 elsewhere, and without the key)."""
         want = self.cfg.recheck_samples
         if not want:
             return 1.0
-        have = self.sampler(n).samples_below(want)  # None: at least want
+        have = self.sampler(n).strategy().samples_below(want)  # None: at least want
         if have is None:
             return 1.0
         return want / have if have > 0 else math.inf

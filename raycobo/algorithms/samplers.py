@@ -97,6 +97,8 @@ class EdgeSampler:
     time_c: float = 1.0
     mixed_switch: float = 0.002
     switch_samples: float | None = None  # or: switch once a pair had this many samples
+    least_samples: float = 0.0  # p_t scaled where a pair would have fewer (``scale``)
+    max_scale: float = math.inf  # ... by at most this
 
     def __post_init__(self):
         if self.kind not in SAMPLINGS:
@@ -109,7 +111,12 @@ class EdgeSampler:
         switch = cfg.mixed_switch
         samples = getattr(switch, "samples", None)
         share = 0.0 if samples is not None else float(switch)
-        return cls(cfg.sampling, n, rounds, seed, cfg.sampling_c, cfg.time_c, share, samples)
+        least = float(getattr(cfg, "sampling_samples", 0.0) or 0.0)
+        most = float(getattr(cfg, "sampling_scale_max", None) or math.inf)
+        return cls(
+            cfg.sampling, n, rounds, seed, cfg.sampling_c, cfg.time_c, share, samples,
+            least, most,
+        )  # fmt: skip
 
     def constant_rate(self) -> float:
         return min(1.0, self.sampling_c / max(self.n, 1))
@@ -120,7 +127,22 @@ class EdgeSampler:
         return int(math.ceil(self.mixed_switch * self.rounds))
 
     def probability(self, t: int) -> float:
-        return SAMPLINGS[self.kind](self, t)
+        p = SAMPLINGS[self.kind](self, t)
+        return p if self.scale == 1.0 else min(1.0, p * self.scale)
+
+    @functools.cached_property
+    def scale(self) -> float:
+        """``least_samples`` K over S, the samples of a pair the strategy alone expects
+        over the run, where S < K, at most ``max_scale`` (1 elsewhere, and with K = 0):
+        every p_t is multiplied by it (at most 1), so that a pair is sampled about K times
+        even in a short run among many clients, the strategy's shape over the rounds
+        kept, and a round's pairs stay within max_scale times the strategy's (O(n))."""
+        if not self.least_samples:
+            return 1.0
+        have = self.strategy().samples_below(self.least_samples)
+        if have is None:
+            return 1.0
+        return min(self.max_scale, self.least_samples / have if have > 0 else math.inf)
 
     def expected_samples(self, t: int, floor: float | tuple[float, int] = 0.0) -> float:
         """How often a pair has been sampled before round t, in expectation: the sum of
@@ -129,6 +151,10 @@ class EdgeSampler:
         if t <= 0:
             return 0.0
         return _cumulative(self, t, floor)
+
+    def strategy(self) -> EdgeSampler:
+        """This sampler without ``least_samples``: the strategy's own rates."""
+        return dataclasses.replace(self, least_samples=0.0, max_scale=math.inf, seed=0)
 
     def samples_below(self, k: float) -> float | None:
         """The samples a pair has over the whole run, in expectation (the sum of p_t over

@@ -659,12 +659,14 @@ def test_recheck_resamples_the_pulled_pairs_dense_and_sparse():
     active[6] = False  # a client that left: its pairs are not re-sampled
     assert torch.equal(pulled_pairs(dense, 0.5, active), want[[0, 2, 3]])
 
-    def sampled(recheck, W, t=3):
-        off = {"recheck_samples": 0.0} if recheck else {}  # the rate as set (S < 8 here)
-        algo = CoBo(CoBoConfig(recheck=recheck, sampling_c=1.0, **off), rounds=50, seed=0)
+    def sampled(recheck, W, t=3):  # the rates as set (S < 8 here)
+        off = {"recheck_samples": 0.0} if recheck else {}
+        keys = {"sampling_c": 1.0, "sampling_samples": 0.0, **off}
+        algo = CoBo(CoBoConfig(recheck=recheck, **keys), rounds=50, seed=0)
         return algo.sample_edges(None, t, n, W=W)[0]
 
-    plain = CoBo(CoBoConfig(sampling_c=1.0), rounds=50, seed=0).sample_edges(None, 3, n)[0]
+    plain = CoBo(CoBoConfig(sampling_c=1.0, sampling_samples=0.0), rounds=50, seed=0)
+    plain = plain.sample_edges(None, 3, n)[0]
     assert torch.equal(sampled(0.0, dense), plain)
     every = sampled(1.0, dense)
     keys = {(int(i), int(j)) for i, j in every}
@@ -696,8 +698,8 @@ def test_recheck_unsettled_resamples_the_pulled_pairs_still_inside_the_box():
     scores = torch.tensor([1.4, 0.7, 1.0, -0.5, 0.55])  # w: 1, 0.7, 1, 0, 0.55
     sparse = update_weights(SparseBoxWeights.initial(n, 0.0), edges, scores, 1.0, "box")
 
-    def sampled(W, t=3, **keys):
-        algo = CoBo(CoBoConfig(sampling_c=1.0, **keys), rounds=50, seed=0)
+    def sampled(W, t=3, **keys):  # the sampler's own rate (sampling_samples 0)
+        algo = CoBo(CoBoConfig(sampling_c=1.0, sampling_samples=0.0, **keys), rounds=50, seed=0)
         return {tuple(e) for e in algo.sample_edges(None, t, n, W=W)[0].tolist()}
 
     plain = sampled(None)
@@ -707,8 +709,11 @@ def test_recheck_unsettled_resamples_the_pulled_pairs_still_inside_the_box():
         assert sampled(W, recheck=0.01) == plain
         assert sampled(W, recheck=0.01, recheck_unsettled=1.0) == plain | inside
         assert sampled(W, recheck=1.0, recheck_unsettled=0.01) == plain | {(0, 1), (2, 3)}
-    assert CoBo(CoBoConfig(recheck=0.01, recheck_unsettled=0.5), 10, 0).samples_from_w(0, 12)
-    assert not CoBo(CoBoConfig(recheck=0.01), 10, 0).samples_from_w(0, 12)
+    as_set = {"sampling_samples": 0.0, "recheck_samples": 0.0}
+    assert CoBo(CoBoConfig(recheck=0.01, recheck_unsettled=0.5, **as_set), 10, 0).samples_from_w(
+        0, 12
+    )
+    assert not CoBo(CoBoConfig(recheck=0.01, **as_set), 10, 0).samples_from_w(0, 12)
     for keys in (["algorithm.recheck=0"], ["algorithm.rule=paper"]):
         with pytest.raises(ConfigError, match="algorithm.recheck_unsettled.*recheck > 0"):
             load_config(None, [*keys, "algorithm.recheck_unsettled=0.1"])
@@ -754,19 +759,22 @@ def test_recheck_is_a_box_domain_key_and_old_runs_ran_without_it(tmp_path):
     from raycobo.config import ConfigError, load_config, load_stored_config
 
     # mixed sampling over 10 rounds: p = 2/200 = 0.01 < 0.02 among 200 clients (W is read)
-    assert CoBo(CoBoConfig(recheck_samples=0.0), 10, 0).samples_from_w(0, 200)
-    assert not CoBo(CoBoConfig(recheck_samples=0.0), 10, 0).samples_from_w(
+    assert CoBo(CoBoConfig(recheck_samples=0.0, sampling_samples=0.0), 10, 0).samples_from_w(0, 200)
+    assert not CoBo(CoBoConfig(recheck_samples=0.0, sampling_samples=0.0), 10, 0).samples_from_w(
         0, 50
     )  # p = 0.04: W not read
     # ... until mixed sampling's second half: p = min(0.04, 1 / (t + 1)) = 0.01 at t = 99
-    assert CoBo(CoBoConfig(recheck_samples=0.0), 100, 0).samples_from_w(99, 50)
+    assert CoBo(CoBoConfig(recheck_samples=0.0, sampling_samples=0.0), 100, 0).samples_from_w(
+        99, 50
+    )
     assert not CoBo(CoBoConfig(rule="paper"), 10, 0).samples_from_w(0, 200)
     assert not CoBo(CoBoConfig(domain="simplex"), 10, 0).samples_from_w(0, 200)
     with pytest.raises(ConfigError, match="algorithm.recheck.*domain"):
         load_config(None, ["algorithm.domain=simplex", "algorithm.recheck=0.1"])
     pinned = CoBoConfig().pinned().model_dump(mode="json")
     assert pinned["recheck"] == 0.02 and pinned["recheck_samples"] == 8.0
-    before_k = {k: v for k, v in pinned.items() if k != "recheck_samples"}
+    later = ("recheck_samples", "sampling_samples", "sampling_scale_max")
+    before_k = {k: v for k, v in pinned.items() if k not in later}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": before_k}))
     old_k = CoBo(load_stored_config(tmp_path / "config.yaml").algorithm, 10, 0)
     assert old_k.cfg.recheck_samples == 0.0  # before recheck_samples: the rate as set
@@ -837,7 +845,7 @@ def test_a_pulled_pair_steps_as_often_as_recheck_samples_it():
     from raycobo.algorithms.sparse_weights import SparseBoxWeights
 
     n, t = 200, 60  # mixed sampling: p = 2/200 = 0.01 < recheck 0.02 from round 0
-    algo = CoBo(CoBoConfig(recheck_samples=0.0), rounds=100, seed=0)
+    algo = CoBo(CoBoConfig(recheck_samples=0.0, sampling_samples=0.0), rounds=100, seed=0)
     step = algo.w_step(t, n)
     assert step.gamma == pytest.approx(3.0 / math.sqrt(1 + 0.01 * t))
     assert step.pulled == pytest.approx(3.0 / math.sqrt(1 + 0.02 * t)) and step.cut == 0.5
@@ -868,13 +876,17 @@ def test_recheck_decay_raises_the_early_rate_and_the_w_step_counts_it():
     from raycobo.config import ConfigError, load_config
 
     n = 200  # mixed sampling: p = 2/200 = 0.01 in the first half
-    algo = CoBo(CoBoConfig(recheck_decay="sqrt", recheck_samples=0.0), rounds=100, seed=0)
+    algo = CoBo(
+        CoBoConfig(recheck_decay="sqrt", recheck_samples=0.0, sampling_samples=0.0),
+        rounds=100,
+        seed=0,
+    )
     assert algo.recheck_at(0.02, 99) == pytest.approx(0.02)
     assert algo.recheck_at(0.02, 24) == pytest.approx(0.04)
     assert algo.recheck_at(0.5, 0) == 1.0
     p = 0.01
     assert algo.recheck_rate(24, n) == pytest.approx((0.04 - p) / (1 - p))
-    plain = CoBo(CoBoConfig(recheck_samples=0.0), rounds=100, seed=0)
+    plain = CoBo(CoBoConfig(recheck_samples=0.0, sampling_samples=0.0), rounds=100, seed=0)
     assert plain.recheck_rate(24, n) == pytest.approx((0.02 - p) / (1 - p))
     t = 30
     k = sum(max(p, floor_at((0.02, 100), tau)) for tau in range(t))
@@ -895,8 +907,8 @@ def test_recheck_samples_raises_the_rate_where_the_sampler_sees_each_pair_rarely
     not pinned where there are no re-checks."""
     from raycobo.config import ConfigError, load_config
 
-    def made(n, rounds, **kw):
-        return CoBo(CoBoConfig(**kw), rounds=rounds, seed=0)
+    def made(n, rounds, **kw):  # the strategy's own rates (no sampling_samples)
+        return CoBo(CoBoConfig(**{"sampling_samples": 0.0, **kw}), rounds=rounds, seed=0)
 
     n, R = 800, 1000  # mixed: p = 2/800 in the first half, far less after the switch
     S = made(n, R).sampler(n).expected_samples(R)
@@ -906,7 +918,7 @@ def test_recheck_samples_raises_the_rate_where_the_sampler_sees_each_pair_rarely
     rate = 0.02 * 8 / S
     p = algo.sampler(n).probability(10)
     assert algo.recheck_rate(10, n) == pytest.approx((rate - p) / (1 - p))
-    off = made(n, R, recheck_samples=0.0)  # the rate as set
+    off = made(n, R, recheck_samples=0.0, sampling_samples=0.0)  # the rate as set
     assert off.recheck_rate(10, n) == pytest.approx((0.02 - p) / (1 - p))
     t = 300
     k = algo.sampler(n).expected_samples(t, rate)
@@ -917,7 +929,7 @@ def test_recheck_samples_raises_the_rate_where_the_sampler_sees_each_pair_rarely
     assert made(4, 10_000_000).sampler(4).samples_below(8) is None
     assert made(4, 10_000_000).recheck_scale(4) == 1.0
     # many samples a pair (80 clients, 3,000 rounds): the defaults' numbers
-    rich, plain = made(80, 3000), made(80, 3000, recheck_samples=0.0)
+    rich, plain = made(80, 3000), made(80, 3000, recheck_samples=0.0, sampling_samples=0.0)
     assert rich.sampler(80).expected_samples(3000) > 8
     for t in (0, 100, 2999):
         assert rich.recheck_rate(t, 80) == plain.recheck_rate(t, 80)
@@ -930,3 +942,54 @@ def test_recheck_samples_raises_the_rate_where_the_sampler_sees_each_pair_rarely
         load_config(None, ["algorithm.recheck_samples=-1"])
     assert CoBoConfig(rule="paper").pinned().recheck_samples is None  # no re-checks there
     assert CoBoConfig(recheck=0.0).pinned().recheck_samples is None
+
+
+def test_sampling_samples_samples_each_pair_k_times_in_a_short_run(tmp_path):
+    """sampling_samples K (rule raycobo: 12, at most 4 times the rates): where the
+    strategy alone samples a pair S < K times over the run, all its p_t are scaled by
+    K / S (at most sampling_scale_max), and the W step's k_t counts the scaled rates;
+    where S >= K, the same rounds draw for draw; recheck_samples reads the S of the
+    strategy alone. Off in rule paper and in configs stored before the key; refused
+    where it would do nothing."""
+    import yaml
+
+    from raycobo.config import ConfigError, load_config, load_stored_config
+
+    algo, plain = CoBo(CoBoConfig(), 200, 0), CoBo(CoBoConfig(sampling_samples=0.0), 200, 0)
+    S = plain.sampler(80).expected_samples(200)
+    assert 3 < S < 3.5 and algo.cfg.sampling_samples == 12.0
+    assert algo.sampler(80).expected_samples(200) == pytest.approx(12.0)
+    assert algo.sampler(80).probability(5) == pytest.approx(
+        plain.sampler(80).probability(5) * 12 / S
+    )
+    assert algo.recheck_scale(80) == pytest.approx(8 / S)  # the strategy's S: rates apart
+    k = algo.sampler(80).expected_samples(50)  # the scaled rates, above recheck's 0.02
+    assert k == pytest.approx(plain.sampler(80).expected_samples(50) * 12 / S)
+    assert algo.w_step(50, 80).gamma == pytest.approx(3.0 / (1 + k) ** 0.5)
+    many = CoBo(CoBoConfig(), 1000, 0)  # 800 clients: S = 1.9, the factor capped at 4
+    assert many.sampler(800).scale == 4.0
+    S800 = CoBo(CoBoConfig(sampling_samples=0.0), 1000, 0).sampler(800).expected_samples(1000)
+    assert many.sampler(800).expected_samples(1000) == pytest.approx(4 * S800)
+    assert many.recheck_scale(800) == pytest.approx(8 / S800)
+    rich, base = CoBo(CoBoConfig(), 3000, 0), CoBo(CoBoConfig(sampling_samples=0.0), 3000, 0)
+    assert rich.sampler(80).scale == 1.0  # S = 38
+    for t in (0, 100, 2999):
+        assert torch.equal(rich.sample_edges(None, t, 80)[0], base.sample_edges(None, t, 80)[0])
+        assert rich.w_step(t, 80) == base.w_step(t, 80)
+    assert CoBo(CoBoConfig(rule="paper"), 200, 0).sampler(80).scale == 1.0
+    pinned = CoBoConfig().pinned().model_dump(mode="json")
+    assert pinned["sampling_samples"] == 12.0 and pinned["sampling_scale_max"] == 4.0
+    assert CoBoConfig(sampling_samples=0.0).pinned().sampling_scale_max is None
+    before = {
+        k: v for k, v in pinned.items() if k not in ("sampling_samples", "sampling_scale_max")
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": before}))
+    old = load_stored_config(tmp_path / "config.yaml").algorithm
+    assert old.sampling_samples == 0.0  # stored before the key: the strategy's rates
+    assert CoBo(old, 200, 0).sampler(80).scale == 1.0
+    with pytest.raises(ConfigError, match="algorithm.sampling_samples.*full"):
+        load_config(None, ["algorithm.sampling=full", "algorithm.sampling_samples=8"])
+    with pytest.raises(ConfigError, match="algorithm.sampling_scale_max.*sampling_samples > 0"):
+        load_config(None, ["algorithm.sampling_samples=0", "algorithm.sampling_scale_max=2"])
+    with pytest.raises(ConfigError, match="algorithm.sampling_scale_max"):
+        load_config(None, ["algorithm.sampling_scale_max=0.5"])

@@ -124,3 +124,32 @@ def test_a_sampling_strategy_is_one_registered_function(monkeypatch):
     assert s.sample(3).shape[1] == 2
     with pytest.raises(ValueError, match="unknown sampling 'halve' .*half"):
         EdgeSampler("halve", 30, 100, seed=0)
+
+
+def test_least_samples_scales_a_short_runs_rates_up_to_its_cap():
+    """least_samples K: where the strategy alone samples a pair S < K times over the run
+    (many clients, a short run), every p_t is multiplied by K / S, at most max_scale and
+    at most 1, so the run samples each pair K times in expectation and keeps the
+    strategy's shape; where S >= K the draws are the strategy's, bit for bit."""
+    plain = EdgeSampler("mixed", 80, 200, 3, 2.0, 1.0, 0.5)
+    S = plain.expected_samples(200)
+    assert 3.0 < S < 3.5  # 100 rounds at 2/80, then min(2/80, 1/(t+1))
+    more = EdgeSampler("mixed", 80, 200, 3, 2.0, 1.0, 0.5, least_samples=12.0)
+    assert more.scale == pytest.approx(12.0 / S)
+    assert more.expected_samples(200) == pytest.approx(12.0)
+    for t in (0, 99, 100, 150, 199):
+        assert more.probability(t) == pytest.approx(plain.probability(t) * 12.0 / S)
+    # the empirical rate follows the scaled p_t
+    got = sum(len(more.sample(t)) for t in range(20)) / (20 * n_pairs(80))
+    assert got == pytest.approx(more.probability(0), rel=0.1)
+    capped = EdgeSampler("mixed", 80, 200, 3, 2.0, 1.0, 0.5, least_samples=12.0, max_scale=2.0)
+    assert capped.scale == 2.0 and capped.expected_samples(200) == pytest.approx(2 * S)
+    few = EdgeSampler("constant", 4, 10, 0, sampling_c=2.0, least_samples=100.0)
+    assert few.probability(3) == 1.0  # never above 1
+    # a pair sampled often enough: the same rates and the same edges
+    long = EdgeSampler("mixed", 80, 3000, 3, 2.0, 1.0, 0.5, least_samples=12.0)
+    base = EdgeSampler("mixed", 80, 3000, 3, 2.0, 1.0, 0.5)
+    assert long.scale == 1.0
+    for t in (0, 1500, 2999):
+        assert long.probability(t) == base.probability(t)
+        assert torch.equal(long.sample(t), base.sample(t))
