@@ -108,6 +108,17 @@ ONLY_WITH: dict[str, dict[str, str]] = {
 }
 
 
+def _needs_positive(info: ValidationInfo, key: str) -> None:
+    """Refuse the key being validated where CoBo's ``key`` (set, else its rule's) is 0:
+    it would do nothing."""
+    have = info.data.get(key)
+    if not (RULES[info.data.get("rule", "raycobo")][key] if have is None else have):
+        raise ValueError(
+            f"applies with algorithm.{key} > 0, not 0 (it would do nothing): drop it, "
+            f"or set algorithm.{key}"
+        )
+
+
 class SwitchAfter(Section):
     """mixed sampling's constant phase, as a number of samples of each pair (in
     expectation) instead of a share of the rounds."""
@@ -146,7 +157,8 @@ class CoBoConfig(MethodConfig):
     rule: Literal["raycobo", "paper"] = Field(
         default="raycobo",
         description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
-        "pull_at, pull_strength, pull_threshold, initial_weight, recheck and mixed_switch: "
+        "pull_at, pull_strength, pull_threshold, initial_weight, recheck, recheck_samples, "
+        "mixed_switch, sampling_samples and sampling_scale_max: "
         "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
     )
     # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
@@ -314,13 +326,7 @@ class CoBoConfig(MethodConfig):
                 + (f", or set algorithm.{field}={wanted}" if field != "domain" else "")
             )
         if info.field_name in ("recheck_unsettled", "recheck_decay", "recheck_samples"):
-            rule = info.data.get("rule", "raycobo")
-            base = info.data.get("recheck")
-            if not (RULES[rule]["recheck"] if base is None else base):
-                raise ValueError(
-                    "applies with algorithm.recheck > 0, not 0 (it would do nothing): "
-                    "drop it, or set algorithm.recheck"
-                )
+            _needs_positive(info, "recheck")
         return value
 
     @field_validator("sampling_samples", "sampling_scale_max")
@@ -337,13 +343,7 @@ class CoBoConfig(MethodConfig):
                     "round: it would do nothing): drop it"
                 )
             return value
-        rule = info.data.get("rule", "raycobo")
-        least = info.data.get("sampling_samples")
-        if not (RULES[rule]["sampling_samples"] if least is None else least):
-            raise ValueError(
-                "applies with algorithm.sampling_samples > 0, not 0 (it would do nothing): "
-                "drop it, or set algorithm.sampling_samples"
-            )
+        _needs_positive(info, "sampling_samples")
         return value
 
     def effective(self) -> dict:

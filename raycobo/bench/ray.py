@@ -114,7 +114,12 @@ def _method(algorithm: str, n: int, local_steps: int | None) -> list[str]:
     """The measured method's overrides: CoBo with constant sampling (as every row of
     this bench before), or another method with its local steps."""
     if algorithm == "cobo":
-        head = ["algorithm.name=cobo", "algorithm.sampling=constant"]
+        # the strategy's own rates: a bench's few rounds are no short run to make up for
+        head = [
+            "algorithm.name=cobo",
+            "algorithm.sampling=constant",
+            "algorithm.sampling_samples=0",
+        ]
         head.append(f"algorithm.rho={min(0.3, 5.0 / n)}")
     else:
         head = [f"algorithm.name={algorithm}"]
