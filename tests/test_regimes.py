@@ -174,6 +174,31 @@ def test_rows_from_before_the_sample_count_keys_count_where_they_change_nothing(
     assert not regimes.same_settings(changed, now, small)  # another key differs too
 
 
+def test_the_report_leaves_out_rows_the_defaults_no_longer_run():
+    """A `cobo` (or candidate) row whose recorded settings are not the entry's today,
+    on a cell where the difference acts, is left out of the table and named under it;
+    where the new keys are inert (quad-2x2) and for Local and Oracle the rows stay."""
+    before = regimes.entry_settings("cobo", {"sampling_samples": 0.0})
+    row = {"diverged": False, "loss": None, "accuracy": 0.7, "settings": before}
+    rows = [
+        {**row, "cell": "fmnist-800-r1000", "entry": "cobo", "seed": 0},
+        {**row, "cell": "fmnist-800-r1000", "entry": "tenth-matrix", "seed": 0},
+        {**row, "cell": "quad-2x2", "entry": "cobo", "seed": 0},
+        {**row, "cell": "fmnist-800-r1000", "entry": "local", "seed": 0, "settings": None},
+    ]
+    kept, notes = report.current(rows)
+    assert [(r["cell"], r["entry"]) for r in kept] == [
+        ("fmnist-800-r1000", "tenth-matrix"),
+        ("quad-2x2", "cobo"),
+        ("fmnist-800-r1000", "local"),
+    ]
+    assert notes == ["fmnist-800-r1000 cobo (seeds 0)"]
+    now = {**row, "settings": regimes.entry_settings("cobo", {})}
+    assert (
+        report.current([{**now, "cell": "fmnist-800-r1000", "entry": "cobo", "seed": 0}])[1] == []
+    )
+
+
 def digits_rows() -> tuple[dict, list[dict]]:
     """Result rows of one cell: Local and Oracle on seeds 0-1, CoBo on seed 0."""
     row = {"cell": "digits-8-r100", "diverged": False, "loss": None}

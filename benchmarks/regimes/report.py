@@ -52,6 +52,29 @@ def _on_cpu(row: dict) -> bool:
     return row.get("device", "cpu") == "cpu"
 
 
+def current(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """The rows that count as their entry's run now: a row of the defaults (``cobo``) or
+    of a candidate whose recorded settings differ from the entry's settings today (a
+    default changed since, where it acts on the row's cell) is left out, so that a cell
+    not run again shows no figure rather than an old one under the new name. -> (rows,
+    one line per left-out cell and entry)"""
+    cells = {c["id"]: c for c in load_cells()}
+    now = {"cobo": _run.entry_settings("cobo", {})}
+    for name, over in _run.load_candidates().items():
+        now[name] = _run.entry_settings("cobo", over)
+    last = {(r["cell"], r["entry"], r["seed"]): r for r in rows}
+    stale = defaultdict(list)
+    for (cell, entry, seed), r in last.items():
+        if entry in now and not _run.same_settings(r.get("settings"), now[entry], cells.get(cell)):
+            stale[(cell, entry)].append(seed)
+    kept = [r for r in rows if r["seed"] not in stale.get((r["cell"], r["entry"]), ())]
+    notes = [
+        f"{cell} {entry} (seeds {', '.join(map(str, sorted(seeds)))})"
+        for (cell, entry), seeds in sorted(stale.items())
+    ]
+    return kept, notes
+
+
 def summarize(rows: list[dict]) -> dict:
     """-> {cell: {entry: {score, gap, diverged, n, w_within, w_across, mass_inside,
     mass_pulled}}}"""
@@ -321,7 +344,7 @@ def main() -> int:
     ap.add_argument("--scaling-plot", type=Path, default=None, help="gap and s/round vs n")
     ap.add_argument("--intro", type=Path, default=None, help="text above the table")
     args = ap.parse_args()
-    rows = read_results(args.out / args.split / "results.jsonl")
+    rows, stale = current(read_results(args.out / args.split / "results.jsonl"))
     table = summarize(rows)
     entries = (
         args.entries.split(",")
@@ -342,6 +365,12 @@ def main() -> int:
             f"{', '.join(v['mass_below_0.9']) or 'none'}; diverged: "
             f"{', '.join(v['diverged']) or 'none'}"
         )
+    if stale:
+        lines += [
+            "",
+            "Not run again since their entry's settings changed where they act (left out "
+            "above): " + "; ".join(stale) + ".",
+        ]
     if "tuned" in entries:
         lines += ["", tuned_points(rows)]
     lines += [
