@@ -90,7 +90,7 @@ RULES: dict[str, dict[str, object]] = {
         "recheck": 0.0,
         "recheck_samples": 0.0,
         "sampling_samples": 0.0,
-        "sampling_scale_max": 1.0,
+        "sampling_scale_max": 4.0,  # acts only where sampling_samples is set
     },
 }
 # keys that apply only where other keys have these values: written out (pinned, MLflow

@@ -977,6 +977,8 @@ def test_sampling_samples_samples_each_pair_k_times_in_a_short_run(tmp_path):
         assert torch.equal(rich.sample_edges(None, t, 80)[0], base.sample_edges(None, t, 80)[0])
         assert rich.w_step(t, 80) == base.w_step(t, 80)
     assert CoBo(CoBoConfig(rule="paper"), 200, 0).sampler(80).scale == 1.0
+    paper_k = CoBo(CoBoConfig(rule="paper", sampling_samples=12.0), 200, 0)
+    assert paper_k.sampler(80).scale == pytest.approx(12.0 / S)  # set, it acts there too
     pinned = CoBoConfig().pinned().model_dump(mode="json")
     assert pinned["sampling_samples"] == 12.0 and pinned["sampling_scale_max"] == 4.0
     assert CoBoConfig(sampling_samples=0.0).pinned().sampling_scale_max is None
