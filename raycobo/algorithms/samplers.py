@@ -14,6 +14,11 @@ Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
   p = 2/n for 800 steps, then 1/sqrt(t));
 - ``full``:     every pair, every round (the paper's "no sampling" oracle).
 
+Where a strategy samples a pair S < ``least_samples`` times over the run (in
+expectation: many clients, a short run), all its p_t are multiplied by least_samples / S,
+at most ``max_scale`` and at most 1 (CoBo's ``sampling_samples``, ``sampling_scale_max``);
+the mixed switch stays where the strategy's own rates put it.
+
 Each strategy is one function registered with ``@sampling_rule(name)`` (p_t from the
 sampler's settings); CoBo's ``algorithm.sampling`` accepts the registered names. Draws
 are seeded by (seed, round) only, so they are reproducible and cost O(expected edges) --
