@@ -74,16 +74,16 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, digits_cfg, name
 
 
 def test_resume_extends_a_finished_run(tmp_path, quad_cfg):
-    # constant sampling: the default (mixed) switches at a share of `rounds`, so a run
+    # constant sampling at its own rate: the default (mixed) switches at a share of
+    # `rounds`, and sampling_samples scales the rates by the run's length, so a run
     # extended to more rounds follows another schedule than a straight run of that length
-    cfg = quad_cfg("rounds=10", "eval_every=5", "algorithm.sampling=constant")
+    own = ("algorithm.sampling=constant", "algorithm.sampling_samples=0")
+    cfg = quad_cfg("rounds=10", "eval_every=5", *own)
     run_experiment(cfg, tmp_path / "a")
     longer = run_experiment(
         resume_config(tmp_path / "a", ["rounds=20"]), tmp_path / "a", resume=True
     )
-    straight = run_experiment(
-        quad_cfg("rounds=20", "eval_every=5", "algorithm.sampling=constant"), tmp_path / "b"
-    )
+    straight = run_experiment(quad_cfg("rounds=20", "eval_every=5", *own), tmp_path / "b")
     assert longer.summary["resumed_from_round"] == 10 and longer.summary["rounds"] == 20
     # the constant sampler does not depend on the total: the same numbers as 20 rounds
     assert longer.summary["collaboration"] == straight.summary["collaboration"]
