@@ -913,13 +913,7 @@ class CoBo:
         """``recheck_samples`` K over S, the samples of a pair the sampling strategy
         alone expects in the run among n clients (its own rates, before
         ``sampling_samples`` scales them), where S < K (1 elsewhere, and without the key)."""
-        want = self.cfg.recheck_samples
-        if not want:
-            return 1.0
-        have = self.sampler(n).strategy().samples_below(want)  # None: at least want
-        if have is None:
-            return 1.0
-        return want / have if have > 0 else math.inf
+        return self.sampler(n).strategy().shortfall(float(self.cfg.recheck_samples or 0.0))
 
     def scaled_recheck(self, rate: float, n: int) -> float:
         """A re-check rate among n clients raised by ``recheck_scale``, at most 1."""

@@ -142,12 +142,7 @@ class EdgeSampler:
         every p_t is multiplied by it (at most 1), so that a pair is sampled about K times
         even in a short run among many clients, the strategy's shape over the rounds
         kept, and a round's pairs stay within max_scale times the strategy's (O(n))."""
-        if not self.least_samples:
-            return 1.0
-        have = self.strategy().samples_below(self.least_samples)
-        if have is None:
-            return 1.0
-        return min(self.max_scale, self.least_samples / have if have > 0 else math.inf)
+        return min(self.max_scale, self.strategy().shortfall(self.least_samples))
 
     def expected_samples(self, t: int, floor: float | tuple[float, int] = 0.0) -> float:
         """How often a pair has been sampled before round t, in expectation: the sum of
@@ -160,6 +155,16 @@ class EdgeSampler:
     def strategy(self) -> EdgeSampler:
         """This sampler without ``least_samples``: the strategy's own rates."""
         return dataclasses.replace(self, least_samples=0.0, max_scale=math.inf, seed=0)
+
+    def shortfall(self, k: float) -> float:
+        """k over S, this sampler's samples of a pair over the run, where S < k (1 where
+        S >= k, and with k = 0)."""
+        if not k:
+            return 1.0
+        have = self.samples_below(k)
+        if have is None:
+            return 1.0
+        return k / have if have > 0 else math.inf
 
     def samples_below(self, k: float) -> float | None:
         """The samples a pair has over the whole run, in expectation (the sum of p_t over
