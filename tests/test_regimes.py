@@ -296,3 +296,41 @@ def test_the_gap_closed_carries_its_standard_error_over_seeds():
     assert cobo["gap"] == pytest.approx(0.875)  # (0.875 - 0.70) / (0.90 - 0.70)
     assert cobo["gap_se"] == pytest.approx(0.5 / 2**0.5 / 2**0.5)  # sd 0.354 / sqrt 2
     assert "**87 %** ± 25" in report.markdown(table, ["cobo"])  # 0.87499...
+
+
+def test_the_diagnosis_replaces_w_after_every_step():
+    """diagnose.py: W replaced by the true blocks, the learned W without its cross-cluster
+    pairs, or with every pair of a cluster at 1 -- and the runs really carry it."""
+    import torch
+
+    diagnose = _load("diagnose")
+    blocks = diagnose.true_blocks([0, 0, 1])
+    W = torch.tensor([[1.0, 0.4, 0.7], [0.4, 1.0, 0.2], [0.7, 0.2, 1.0]])
+    assert torch.equal(diagnose.replaced(W, "true", blocks), blocks)
+    assert torch.equal(diagnose.replaced(W, "no-cross", blocks), W * blocks)
+    full = diagnose.replaced(W, "full-recall", blocks)
+    assert full[0, 1] == 1.0 and full[0, 2] == 0.7 and full[1, 2] == 0.2
+    assert torch.equal(diagnose.replaced(W, "learned", blocks), W)
+
+    # the patch itself: CoBo's W step, then W replaced (on a 3-client W)
+    from raycobo.algorithms import build_algorithm
+    from raycobo.algorithms.cobo import CoBoState
+    from raycobo.config import validate
+
+    algo = build_algorithm(validate({"algorithm": {"name": "cobo"}}).algorithm, 100, 0)
+    state = CoBoState(X=torch.zeros(3, 2), W=algo.initial_w(3))
+    edges, scores = torch.tensor([[0, 1], [0, 2]]), torch.tensor([1.0, 1.0])
+    stepped = algo.apply_scores(state, edges, scores, 0).W  # both pairs pulled
+    with diagnose.w_replaced("no-cross", [0, 0, 1]) as counts:
+        W = algo.apply_scores(state, edges, scores, 0).W
+    assert counts == [1] and torch.equal(W, stepped * blocks)
+    with pytest.raises(ValueError, match="no W step"), diagnose.w_replaced("true", [0, 0, 1]):
+        pass
+
+    # a run carries it: the true blocks from the first step beat the learned W, which
+    # pulled a cross-cluster pair early (quad-2x2, 10 rounds: loss 0.365 vs 0.393)
+    cell = {c["id"]: c for c in regimes.load_cells()}["quad-2x2"]
+    learned = diagnose.run_mode(cell, "test", 0, "learned", threads=1, rounds=10)
+    true = diagnose.run_mode(cell, "test", 0, "true", threads=1, rounds=10)
+    assert learned["cross_pulled_max"] >= 1
+    assert true["loss"] < learned["loss"]
