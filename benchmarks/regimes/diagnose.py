@@ -9,7 +9,8 @@ the defaults run again with their learned W replaced, after every W step, by
   pair of a cluster pulled from the first W step; the cross-cluster pairs as learned);
 
 and, for each run, how many cross-cluster pairs the learned W put into the pull (at or
-above ``pull_threshold``), on average over the W steps and at most. If ``no-cross`` closes
+above ``pull_threshold``), on average over the W steps and at most (in the other modes:
+what each W step put there before the replacement). If ``no-cross`` closes
 the gap and ``full-recall`` does not, the pairs of different clusters that the pull read
 during the run cost the difference; the other way round, the pairs of a cluster that
 never reached the threshold or fell below it.
