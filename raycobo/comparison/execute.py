@@ -92,5 +92,16 @@ def run_parallel(
         for j in jobs
     }
     # a bound on the whole batch: every run may take up to engine.timeout_s
-    results = ray.get(list(refs.values()), timeout=first.engine.timeout_s * len(jobs))
-    return dict(zip(refs, results, strict=True))
+    bound = first.engine.timeout_s * len(jobs)
+    done, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=bound)
+    if pending:
+        late = [f"{entry} seed {seed}" for (entry, seed), ref in refs.items() if ref in pending]
+        for ref in pending:  # an interrupted run keeps its checkpoints for --resume
+            ray.cancel(ref)
+        raise TimeoutError(
+            f"compare --parallel: {len(late)} of {len(refs)} runs not finished within "
+            f"engine.timeout_s x runs = {bound:g} s ({', '.join(late)}); the finished runs "
+            "are kept: continue with raycobo compare --resume on the comparison's "
+            "directory, or start again with a larger engine.timeout_s"
+        )
+    return dict(zip(refs, ray.get(list(refs.values())), strict=True))

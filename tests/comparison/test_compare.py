@@ -182,7 +182,7 @@ def test_parallel_compare_gives_the_sequential_numbers(tmp_path):
         "rounds=15",
         "eval_every=5",
         "engine.num_cpus=2",
-        "engine.timeout_s=30",  # bounds the wait for the Ray tasks: 4 runs x 30 s
+        "engine.timeout_s=60",  # bounds the wait for the Ray tasks: 4 runs x 60 s
         "--algorithms",
         "local,cobo",
         "--seeds",
@@ -210,6 +210,38 @@ def test_parallel_compare_gives_the_sequential_numbers(tmp_path):
             for key in ("command", "cwd", "host", "raycobo_version", "git_commit"):
                 assert pa[key] == pb[key], key
             assert a == b, (algo, seed)
+
+
+def test_a_parallel_compare_past_its_bound_says_which_runs_and_which_key(tmp_path):
+    """The wait for a parallel compare's Ray tasks is bounded by engine.timeout_s per run;
+    past it, one line names the runs still going and the key (it said only "Get timed
+    out: some object(s) not ready"), and no table is written."""
+    import ray
+
+    args = [
+        "compare",
+        QUICKSTART,
+        "data.name=quadratic",
+        "rounds=10000000",
+        "engine.num_cpus=2",
+        "engine.timeout_s=2",
+        "--algorithms",
+        "local,cobo",
+        "-q",
+        "--no-tracking",
+        "--out",
+        str(tmp_path / "c"),
+        "--parallel",
+    ]
+    try:
+        res = CliRunner().invoke(app, args)
+    finally:
+        ray.shutdown()
+    assert res.exit_code == 1
+    line = res.output.strip().splitlines()[-1]
+    assert "2 of 2 runs not finished within engine.timeout_s x runs = 4 s" in line, line
+    assert "local seed 0, cobo seed 0" in line and "compare --resume" in line
+    assert not (tmp_path / "c" / "comparison.json").exists()
 
 
 def test_compare_nests_its_runs_under_one_mlflow_parent(tmp_path):
