@@ -93,7 +93,7 @@ def run_parallel(
     }
     # a bound on the whole batch: every run may take up to engine.timeout_s
     bound = first.engine.timeout_s * len(jobs)
-    done, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=bound)
+    _, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=bound)
     if pending:
         late = [f"{entry} seed {seed}" for (entry, seed), ref in refs.items() if ref in pending]
         for ref in pending:  # an interrupted run keeps its checkpoints for --resume
