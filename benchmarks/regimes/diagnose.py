@@ -73,7 +73,7 @@ def w_replaced(mode: str, clusters: list[int]):
     diagnostic would measure nothing)."""
     import torch
 
-    from raycobo.algorithms.cobo import CoBo
+    from raycobo.algorithms.cobo import CoBo, pull_weights
 
     blocks = true_blocks(clusters)
     across = ~blocks.bool()
@@ -85,8 +85,7 @@ def w_replaced(mode: str, clusters: list[int]):
         W = out.W
         if not isinstance(W, torch.Tensor) or W.layout != torch.strided:
             raise ValueError("diagnose.py needs a dense W (algorithm.weights: dense)")
-        cut = self.threshold()
-        pulled = W.ge(cut) if cut > 0 else W.gt(0)
+        pulled = pull_weights(W, "sum", self.threshold()).gt(0)  # what Eq. (3) reads
         counts.append(int((pulled & across.to(W.device)).sum()) // 2)
         return out if mode == "learned" else dataclasses.replace(out, W=replaced(W, mode, blocks))
 
@@ -146,27 +145,17 @@ def clusters_of(cfg: dict) -> list[int]:
     return [int(c) for c in found]
 
 
-def baselines(cell: dict, split: str, seeds: list[int], out: Path, threads: int) -> dict:
-    """Local's and Oracle's accuracy per seed: the matrix's last rows, else run here."""
-    path = out / split / "results.jsonl"
-    rows = regimes.read_results(path) if path.is_file() else []
-    last = {(r["entry"], r["seed"]): r for r in rows if r["cell"] == cell["id"]}
-    found = {}
-    for entry in ("local", "oracle"):
-        for seed in seeds:
-            row = last.get((entry, seed))
-            if row is None:
-                job = {
-                    "cell": cell,
-                    "entry": entry,
-                    "method": entry,
-                    "overrides": {},
-                    "seed": seed,
-                    "split": split,
-                }
-                row = regimes.run_one(job)
-            found[(entry, seed)] = row[metric(cell)]
-    return found
+def baselines(cell: dict, split: str, seeds: list[int], out: Path) -> dict:
+    """Local's and Oracle's score per seed: the matrix's last rows where they ran with
+    today's settings, else run here (``run.plan_jobs`` decides, as for the matrix)."""
+    rows = regimes.read_results(out / split / "results.jsonl")
+    done = {(r["cell"], r["entry"], r["seed"], r["split"]): r.get("settings") for r in rows}
+    entries = {"local": ("local", {}), "oracle": ("oracle", {})}
+    rows += [regimes.run_one(j) for j in regimes.plan_jobs([cell], entries, seeds, split, done)]
+    last = {
+        (r["entry"], r["seed"]): r for r in rows if (r["cell"], r["split"]) == (cell["id"], split)
+    }
+    return {(entry, seed): last[(entry, seed)][metric(cell)] for entry in entries for seed in seeds}
 
 
 def metric(cell: dict) -> str:
@@ -220,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    base = baselines(cell, args.split, seeds, args.out, args.threads)
+    base = baselines(cell, args.split, seeds, args.out)
     results = []
     for mode in modes:
         for seed in seeds:
