@@ -610,7 +610,8 @@ RAYCOBO_BEFORE_PINNING = {
 # domain's re-sampling of pulled pairs: none before; the pull on the current models,
 # Eq. (3) as printed, before it acted on the stepped models by default; the re-check
 # rate as set whatever a pair's samples, before recheck_samples, 2026-11-28; the sampling
-# strategy's rates as set, before sampling_samples, 2026-11-28)
+# strategy's rates as set, before sampling_samples, 2026-11-28; no limit on a pair's rise
+# below the pull's threshold, before entry_samples, 2026-11-28)
 COBO_ADDED_LATER = {
     "pull_threshold": 0.0,
     "initial_weight": 1.0,
@@ -619,6 +620,7 @@ COBO_ADDED_LATER = {
     "pull_at": "current",
     "recheck_samples": 0.0,
     "sampling_samples": 0.0,
+    "entry_samples": 1,
 }
 
 

@@ -196,14 +196,17 @@ def clients(cell: dict) -> int | None:
 # CoBo keys that act only where the sampler alone samples a pair fewer than K times in
 # the run (S < K): a row from before them counts where they are inert on its cell
 AFTER_ROWS = ("recheck_samples", "sampling_samples", "sampling_scale_max")
-OFF_AT_ZERO = ("recheck_samples", "sampling_samples")
+# CoBo keys whose value here is off, as before the key: a row without them counts
+OFF_AT = {"recheck_samples": 0, "sampling_samples": 0, "entry_samples": 1}
 
 
 def _set(settings: dict) -> dict:
-    """The keys that act: not null, and recheck_samples or sampling_samples not 0 (off,
-    as before the key)."""
+    """The keys that act: not null, and not at ``OFF_AT``'s value (off, as before the
+    key)."""
     return {
-        k: v for k, v in settings.items() if v is not None and not (k in OFF_AT_ZERO and v == 0)
+        k: v
+        for k, v in settings.items()
+        if v is not None and not (k in OFF_AT and v == OFF_AT[k])
     }
 
 

@@ -75,6 +75,7 @@ RULES: dict[str, dict[str, object]] = {
         "recheck_samples": 8.0,
         "sampling_samples": 12.0,
         "sampling_scale_max": 4.0,
+        "entry_samples": 1,
     },
     "paper": {
         "alignment": "inner",
@@ -91,6 +92,7 @@ RULES: dict[str, dict[str, object]] = {
         "recheck_samples": 0.0,
         "sampling_samples": 0.0,
         "sampling_scale_max": 4.0,  # acts only where sampling_samples is set
+        "entry_samples": 1,
     },
 }
 # keys that apply only where other keys have these values: written out (pinned, MLflow
@@ -104,6 +106,7 @@ ONLY_WITH: dict[str, dict[str, str]] = {
     "recheck_decay": {"domain": "box"},
     "recheck_samples": {"domain": "box"},
     "hold": {"domain": "box"},
+    "entry_samples": {"domain": "box"},
     "pull_strength": {"pull": "mean", "rho": "auto", "domain": "box"},
 }
 
@@ -158,7 +161,7 @@ class CoBoConfig(MethodConfig):
         default="raycobo",
         description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
         "pull_at, pull_strength, pull_threshold, initial_weight, recheck, recheck_samples, "
-        "mixed_switch, sampling_samples and sampling_scale_max: "
+        "mixed_switch, sampling_samples, sampling_scale_max and entry_samples: "
         "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
     )
     # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
@@ -251,6 +254,15 @@ class CoBoConfig(MethodConfig):
         "after one early sample is measured again sooner (0: recheck's rate whatever S)"
         + _by_rule("recheck_samples"),
     )
+    entry_samples: int | None = Field(
+        default=None,
+        ge=1,
+        description="box domain, with pull_threshold: the aligned samples a pair needs "
+        "before the pull reads it: below the threshold a pair's weight rises by at most "
+        "pull_threshold / entry_samples per W step (falls as Eq. (1) says), so that one "
+        "noisy early score does not make a collaborator (1: no limit, as Algorithm 1)"
+        + _by_rule("entry_samples"),
+    )
     hold: float | None = _share(
         "box domain: the score of a pair the pull reads is raised by this in "
         "Eq. (1) (hysteresis: a collaborator is dropped on evidence that it is not aligned, "
@@ -312,6 +324,7 @@ class CoBoConfig(MethodConfig):
         "recheck_decay",
         "recheck_samples",
         "hold",
+        "entry_samples",
     )
     @classmethod
     def _applies(cls, value: float | None, info: ValidationInfo) -> float | None:
@@ -327,6 +340,8 @@ class CoBoConfig(MethodConfig):
             )
         if info.field_name in ("recheck_unsettled", "recheck_decay", "recheck_samples"):
             _needs_positive(info, "recheck")
+        if info.field_name == "entry_samples" and value > 1:
+            _needs_positive(info, "pull_threshold")
         return value
 
     @field_validator("sampling_samples", "sampling_scale_max")
@@ -427,23 +442,31 @@ class WStep:
     """Eq. (1)'s step in one round: ``gamma``, and ``pulled`` for the pairs the pull
     reads (w_ij >= ``cut``; > 0 with no cut), which ``recheck`` samples more often than
     the sampler does (``CoBo.w_step``), their scores raised by ``hold``; ``pulled``
-    None: ``gamma`` for every pair."""
+    None: ``gamma`` for every pair. ``rise``: the most a pair below ``cut`` gains in one
+    step (``entry_samples``; None: no limit)."""
 
     gamma: float
     pulled: float | None = None
     cut: float = 0.0
     hold: float = 0.0
+    rise: float | None = None
 
     def move(self, current: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Each sampled pair's change before the projection, from its weight before the
         step and its score."""
         if self.pulled is None:
-            return self.gamma * scores
-        read = current.ge(self.cut) if self.cut > 0 else current.gt(0)
-        step = torch.where(read, current.new_tensor(self.pulled), current.new_tensor(self.gamma))
-        if self.hold:
-            scores = torch.where(read, scores + self.hold, scores)
-        return step * scores
+            move = self.gamma * scores
+        else:
+            read = current.ge(self.cut) if self.cut > 0 else current.gt(0)
+            step = torch.where(
+                read, current.new_tensor(self.pulled), current.new_tensor(self.gamma)
+            )
+            if self.hold:
+                scores = torch.where(read, scores + self.hold, scores)
+            move = step * scores
+        if self.rise is None:
+            return move
+        return torch.where(current.lt(self.cut), move.clamp_max(self.rise), move)
 
 
 def update_weights(
@@ -764,13 +787,26 @@ class CoBo:
         c = self.cfg
         gamma = self.gamma_at(t, n)
         hold = float(c.hold or 0.0)
+        cut, rise = self.threshold(), self.entry_rise()
         if c.gamma_decay == "none" or c.domain != "box" or not c.recheck:
-            return WStep(gamma, gamma, self.threshold(), hold) if hold else WStep(gamma)
+            if hold:
+                return WStep(gamma, gamma, cut, hold, rise)
+            return WStep(gamma, cut=cut, rise=rise) if rise is not None else WStep(gamma)
         pulled = min(gamma, self.gamma_at(t, n, self.recheck_floor(n)))
         # where the sampler's rate was never below recheck, the same step
         if pulled >= gamma and not hold:
-            return WStep(gamma)
-        return WStep(gamma, pulled, self.threshold(), hold)
+            return WStep(gamma, cut=cut, rise=rise) if rise is not None else WStep(gamma)
+        return WStep(gamma, pulled, cut, hold, rise)
+
+    def entry_rise(self) -> float | None:
+        """``entry_samples`` k > 1 as the most a pair below the pull's threshold gains in
+        one W step: just above threshold / k, so that k steps at it reach the threshold
+        in float32 (None: no limit)."""
+        k = int(self.cfg.entry_samples or 1)
+        cut = self.threshold()
+        if k <= 1 or cut <= 0:
+            return None
+        return cut / k * (1.0 + 1e-5)
 
     def rows_refusal(self) -> str | None:
         """Why these settings cannot step in rows on hosts (None: they can): a host

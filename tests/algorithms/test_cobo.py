@@ -995,3 +995,57 @@ def test_sampling_samples_samples_each_pair_k_times_in_a_short_run(tmp_path):
         load_config(None, ["algorithm.sampling_samples=0", "algorithm.sampling_scale_max=2"])
     with pytest.raises(ConfigError, match="algorithm.sampling_scale_max"):
         load_config(None, ["algorithm.sampling_scale_max=0.5"])
+
+
+def test_entry_samples_makes_a_pair_earn_the_pull_over_several_samples(tmp_path):
+    """entry_samples k: below the pull's threshold a pair's weight rises by at most
+    threshold / k a W step, so one high score no longer makes a collaborator and k do;
+    a pair at or above the threshold and any fall move as Eq. (1) says; dense rows and a
+    sparse W agree; k = 1 is the step without a limit; a box-domain key that needs a
+    threshold; a stored config from before the key ran without a limit."""
+    import yaml
+
+    from raycobo.algorithms.cobo import update_weight_rows
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+    from raycobo.config import ConfigError, load_config, load_stored_config
+
+    n = 6
+    edges = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    for k in (2, 3, 4, 5):
+        algo = CoBo(CoBoConfig(entry_samples=k, gamma_decay="none"), rounds=100, seed=0)
+        step = algo.w_step(0, n)
+        W = SparseBoxWeights.initial(n, 0.0)  # the defaults' W^0 = 0
+        high = torch.tensor([0.9, 0.9, -0.2])  # gamma 3: one score of 0.9 would reach 1
+        for done in range(1, k + 1):
+            W = update_weights(W, edges, high, step, "box")
+            w = W.to_dense()[edges[:, 0], edges[:, 1]]
+            assert float(w[2]) == 0.0  # a fall from 0 stays at 0
+            if done < k:
+                assert float(w[0]) < algo.threshold()  # not yet in the pull
+        assert float(w[0]) >= algo.threshold()  # k aligned samples: in the pull
+        W = update_weights(W, edges, high, step, "box")  # above the threshold: no limit
+        assert float(W.to_dense()[0, 1]) == 1.0
+    step = CoBo(CoBoConfig(entry_samples=2, gamma_decay="none"), 100, 0).w_step(0, n)
+    start = update_weights(
+        SparseBoxWeights.initial(n, 0.0), edges, torch.tensor([0.1, 0.3, 0.05]), 1.0, "box"
+    )  # (0, 1) at 0.1, (2, 3) at 0.3, (4, 5) at 0.05
+    scores = torch.tensor([0.05, -0.05, 0.5])
+    after = update_weights(start, edges, scores, step, "box").to_dense()
+    # 0.1 + 3 * 0.05 (under the limit); 0.3 - 0.15 (falls freely); 0.05 + 0.25 (limited)
+    assert torch.allclose(after[edges[:, 0], edges[:, 1]], torch.tensor([0.25, 0.15, 0.3]))
+    rows = update_weight_rows(start.to_dense(), torch.arange(n), edges, scores, step, "box")
+    assert torch.allclose(rows, after)
+    plain = CoBo(CoBoConfig(gamma_decay="none"), 100, 0).w_step(0, n)
+    assert plain.rise is None
+    one = update_weights(start, edges, scores, plain, "box").to_dense()
+    assert float(one[4, 5]) == 1.0  # without the limit one score of 0.5 lifts it to 1
+    assert CoBo(CoBoConfig(entry_samples=3), 100, 0).w_step(50, n).rise is not None
+    with pytest.raises(ConfigError, match="algorithm.entry_samples.*domain"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.entry_samples=2"])
+    with pytest.raises(ConfigError, match="algorithm.entry_samples.*pull_threshold"):
+        load_config(None, ["algorithm.pull_threshold=0", "algorithm.entry_samples=2"])
+    assert load_config(None, ["algorithm.rule=paper"]).algorithm.pinned().entry_samples == 1
+    pinned = CoBoConfig(entry_samples=2).pinned().model_dump(mode="json")
+    del pinned["entry_samples"]  # what a run pinned before the key existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
+    assert load_stored_config(tmp_path / "config.yaml").algorithm.entry_samples == 1
