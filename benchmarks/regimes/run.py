@@ -204,9 +204,7 @@ def _set(settings: dict) -> dict:
     """The keys that act: not null, and not at ``OFF_AT``'s value (off, as before the
     key)."""
     return {
-        k: v
-        for k, v in settings.items()
-        if v is not None and not (k in OFF_AT and v == OFF_AT[k])
+        k: v for k, v in settings.items() if v is not None and not (k in OFF_AT and v == OFF_AT[k])
     }
 
 
