@@ -611,7 +611,8 @@ RAYCOBO_BEFORE_PINNING = {
 # Eq. (3) as printed, before it acted on the stepped models by default; the re-check
 # rate as set whatever a pair's samples, before recheck_samples, 2026-11-28; the sampling
 # strategy's rates as set, before sampling_samples, 2026-11-28; no limit on a pair's rise
-# below the pull's threshold, before entry_samples, 2026-11-28)
+# below the pull's threshold, before entry_samples, 2026-11-28; one minibatch per
+# alignment gradient, before alignment_batches, 2026-11-28)
 COBO_ADDED_LATER = {
     "pull_threshold": 0.0,
     "initial_weight": 1.0,
@@ -621,6 +622,7 @@ COBO_ADDED_LATER = {
     "recheck_samples": 0.0,
     "sampling_samples": 0.0,
     "entry_samples": 1,
+    "alignment_batches": 1,
 }
 
 

@@ -288,7 +288,9 @@ class StepsInRows(Protocol):
     2. every host computes, with the round's ``row_step(t, state)`` (sent to every host:
        ``midpoints(X_own, X_partner)``, ``stepped(X, members, G)``, ``update_w(W_rows,
        ids, edges, G_i, G_j)`` -> (rows, scores), ``step(X_rows, G, Y_rows, W_rows,
-       blocks)`` and ``at``, "stepped" where the step reads the stepped models), its
+       blocks)`` and ``at``, "stepped" where the step reads the stepped models; optional:
+       ``align_requests(clients, Z, salts)`` -> the gradient rows to request for the
+       pairs' ends, and ``align_mean(G)`` -> one gradient per end from their answer), its
        pairs' gradients at their midpoints and its members' at their models, then its
        W rows and its rows' step over the models of the hosts its W rows read
        (``rows_read``);

@@ -59,6 +59,10 @@ Domain = Literal["box", "simplex"]
 # penalty summed over collaborators, W^0 = 1), gamma 0.01 as measured on the cross-device
 # twin. pull_strength is the mean pull's lr * rho where rho is auto.
 PULL_THRESHOLD = 0.5  # rule raycobo's: collaborators weighted below it do not pull
+# alignment_batches: batch b > 0 of a pair's gradient is drawn with the pair's salt (the
+# partner's global id) + b * ALIGN_SALT_STRIDE, a salt no partner id reaches
+ALIGN_SALT_STRIDE = 1 << 24
+ALIGN_BATCHES_MAX = 64
 RULES: dict[str, dict[str, object]] = {
     "raycobo": {
         "alignment": "bounded",
@@ -76,6 +80,7 @@ RULES: dict[str, dict[str, object]] = {
         "sampling_samples": 12.0,
         "sampling_scale_max": 4.0,
         "entry_samples": 1,
+        "alignment_batches": 1,
     },
     "paper": {
         "alignment": "inner",
@@ -93,6 +98,7 @@ RULES: dict[str, dict[str, object]] = {
         "sampling_samples": 0.0,
         "sampling_scale_max": 4.0,  # acts only where sampling_samples is set
         "entry_samples": 1,
+        "alignment_batches": 1,
     },
 }
 # keys that apply only where other keys have these values: written out (pinned, MLflow
@@ -161,7 +167,8 @@ class CoBoConfig(MethodConfig):
         default="raycobo",
         description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
         "pull_at, pull_strength, pull_threshold, initial_weight, recheck, recheck_samples, "
-        "mixed_switch, sampling_samples, sampling_scale_max and entry_samples: "
+        "mixed_switch, sampling_samples, sampling_scale_max, entry_samples and "
+        "alignment_batches: "
         "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
     )
     # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
@@ -178,6 +185,15 @@ class CoBoConfig(MethodConfig):
         description="Eq. (1)'s score: the inner product <g_i, g_j> (paper), its cosine "
         "(scale-free), or bounded: the cosine with a floor under its denominator (shrinks "
         "as the gradients do)" + _by_rule("alignment"),
+    )
+    alignment_batches: int | None = Field(
+        default=None,
+        ge=1,
+        le=ALIGN_BATCHES_MAX,
+        description="Eq. (1)'s gradients g_i(z_ij) and g_j(z_ij) each the mean over this "
+        "many minibatches of the client's data (a larger batch for the inner problem: the "
+        "score's sampling noise shrinks, the alignment's gradient work grows by the factor)"
+        + _by_rule("alignment_batches"),
     )
     cosine_floor: float | None = Field(
         default=None,
@@ -675,6 +691,27 @@ def alignment_scores(
     return dot
 
 
+def batch_salts(salts: torch.Tensor, k: int) -> torch.Tensor:
+    """The salts of ``k`` minibatches per alignment gradient (``alignment_batches``):
+    batch 0 keeps the pair's own salt (k = 1 draws what Algorithm 1's round draws), batch
+    b adds b * ALIGN_SALT_STRIDE. (m,) -> (k m,), batch-major."""
+    if k == 1:
+        return salts
+    if salts.numel() and int(salts.max()) >= ALIGN_SALT_STRIDE:
+        raise ValueError(
+            f"algorithm.alignment_batches > 1 supports fewer than {ALIGN_SALT_STRIDE:,} clients"
+        )
+    return torch.cat([salts + b * ALIGN_SALT_STRIDE for b in range(k)])
+
+
+def mean_of_batches(G: torch.Tensor, k: int) -> torch.Tensor:
+    """The alignment gradients of ``k`` batch-major minibatch groups, averaged: (k m, d)
+    -> (m, d) (``G`` itself for k = 1)."""
+    if k == 1:
+        return G
+    return G.view(k, G.shape[0] // k, G.shape[1]).mean(dim=0)
+
+
 @dataclass(frozen=True)
 class RowStep:
     """Round t's CoBo on some clients' rows: what a host that keeps its clients' models
@@ -691,11 +728,26 @@ class RowStep:
     pull: str
     threshold: float  # the pull's threshold on w_ij
     at: str  # where the pull acts: "current" models x^t or "stepped" x^t - lr g
+    batches: int = 1  # the minibatches each alignment gradient averages
 
     @staticmethod
     def midpoints(X_own: torch.Tensor, X_partners: torch.Tensor) -> torch.Tensor:
         """z_ij = (x_i + x_j) / 2, where the pair's alignment gradients are taken."""
         return 0.5 * (X_own + X_partners)
+
+    def align_requests(
+        self, clients: torch.Tensor, Z: torch.Tensor, salts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows of a gradient request for these alignment gradients: each repeated
+        for every minibatch it averages (``mean_of_batches`` of the answer)."""
+        k = self.batches
+        if k == 1:
+            return clients, Z, salts
+        return clients.repeat(k), Z.repeat(k, 1), batch_salts(salts, k)
+
+    def align_mean(self, G: torch.Tensor) -> torch.Tensor:
+        """The answer to ``align_requests``' rows: one gradient per alignment row."""
+        return mean_of_batches(G, self.batches)
 
     def stepped(
         self, X: torch.Tensor, members: torch.Tensor, G: torch.Tensor
@@ -838,6 +890,7 @@ class CoBo:
             c.pull,
             self.threshold(),
             c.pull_at,
+            int(c.alignment_batches),
         )
 
     def rows_start(self, ops: ClientOps) -> tuple[torch.Tensor, dict]:
@@ -1012,25 +1065,31 @@ class CoBo:
         X = state.X
         edges, members = self.sample_edges(state.active, t, ops.n_clients, X.device, state.W)
         i, j = edges[:, 0], edges[:, 1]
-        E = i.numel()
-        Z = X.new_empty(2 * E + (members.numel() if with_models else 0), X.shape[1])
+        E, k = i.numel(), int(self.cfg.alignment_batches)
+        A = 2 * E * k  # alignment rows: k minibatches of both endpoints
+        Z = X.new_empty(A + (members.numel() if with_models else 0), X.shape[1])
         mid = Z[:E]  # (E, d) midpoints z_ij = (x_i + x_j) / 2
         torch.index_select(X, 0, i, out=mid)
         mid.add_(X.index_select(0, j)).mul_(0.5)
         # both endpoints' gradients at z_ij, each on a fresh batch of its own client's
         # data (salted by the partner, so the pair's draws differ from the step's)
         Z[E : 2 * E].copy_(mid)
+        for b in range(1, k):  # the further minibatches of alignment_batches
+            Z[2 * E * b : 2 * E * (b + 1)].copy_(Z[: 2 * E])
         if with_models and state.active is None:
-            Z[2 * E :].copy_(X)
+            Z[A:].copy_(X)
         elif with_models:
-            torch.index_select(X, 0, members, out=Z[2 * E :])
-        return RoundPlan(edges, torch.cat([i, j]), Z, torch.cat([j, i]), members)
+            torch.index_select(X, 0, members, out=Z[A:])
+        salts = batch_salts(torch.cat([j, i]), k)
+        return RoundPlan(edges, torch.cat([i, j]).repeat(k), Z, salts, members)
 
     def apply_alignment(self, state: CoBoState, edges, G_align: torch.Tensor, t: int) -> CoBoState:
-        """Eq. (1) from round t's alignment gradients (rows: all i-endpoints, then all j)."""
+        """Eq. (1) from round t's alignment gradients (rows: all i-endpoints, then all j;
+        with ``alignment_batches`` k, k such groups, averaged here)."""
         E = edges.shape[0]
         if E == 0:
             return state
+        G_align = mean_of_batches(G_align, int(self.cfg.alignment_batches))
         scores = alignment_scores(G_align[:E], G_align[E:], self.cfg.alignment, self.floor(state))
         return self.apply_scores(state, edges, scores, t)
 
@@ -1084,17 +1143,18 @@ class CoBo:
         if self.cfg.order == "models_first":
             return self._models_first(state, t, ops)
         p = self.plan(state, t, ops, with_models=True)
-        E, n = p.edges.shape[0], p.members.numel()
+        E, n, A = p.edges.shape[0], p.members.numel(), p.align_clients.numel()
         # One engine request for the whole round (fewer round trips on remote engines):
-        # rows [0, 2E) are the alignment gradients, rows [2E, 2E + n) are g_i at x_i^t.
+        # rows [0, A) are the alignment gradients (A = 2E, times alignment_batches), rows
+        # [A, A + n) are g_i at x_i^t.
         dev = state.X.device
         clients = torch.cat([p.align_clients, p.members])
         salts = torch.cat([p.align_salts, torch.zeros(n, dtype=torch.int64, device=dev)])
-        streams = torch.cat([torch.full((2 * E,), rng.ALIGN), torch.full((n,), rng.STEP)])
+        streams = torch.cat([torch.full((A,), rng.ALIGN), torch.full((n,), rng.STEP)])
         G_all, L_all = ops.grads(clients, p.points, t, streams.to(dev), salts)
-        state = self.apply_alignment(state, p.edges, G_all[: 2 * E], t)  # Eq. (1)
-        state = self.step(state, p.members, G_all[2 * E :])  # Eq. (3), W^{t+1} and x^t
-        return state, self.stats(L_all[2 * E :], E, n)
+        state = self.apply_alignment(state, p.edges, G_all[:A], t)  # Eq. (1)
+        state = self.step(state, p.members, G_all[A:])  # Eq. (3), W^{t+1} and x^t
+        return state, self.stats(L_all[A:], E, n)
 
     def _models_first(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
         """The authors' order: x^{t+1} from x^t with W^t (Eq. 3), then W^{t+1} from the
@@ -1148,12 +1208,11 @@ class CoBo:
         stats["alignments_applied"] = float(applied)
         return state, stats
 
-    @staticmethod
-    def stats(step_loss: torch.Tensor, E: int, n: int) -> dict[str, float]:
+    def stats(self, step_loss: torch.Tensor, E: int, n: int) -> dict[str, float]:
         return {
             "train_loss": float(step_loss.mean()),
             "edges": float(E),
-            "alignment_grads": float(2 * E),
+            "alignment_grads": float(2 * E * self.cfg.alignment_batches),
             "clients": float(n),
         }
 

@@ -1049,3 +1049,62 @@ def test_entry_samples_makes_a_pair_earn_the_pull_over_several_samples(tmp_path)
     del pinned["entry_samples"]  # what a run pinned before the key existed
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
     assert load_stored_config(tmp_path / "config.yaml").algorithm.entry_samples == 1
+
+
+@pytest.mark.parametrize("order", ["weights_first", "models_first"])
+def test_alignment_batches_average_each_end_over_k_minibatches(digits_cfg, order):
+    """alignment_batches k: the pair's score is Eq. (1)'s score of g_i(z_ij) and
+    g_j(z_ij), each the mean of k minibatch gradients (batch 0 the one k = 1 draws,
+    batch b salted b * ALIGN_SALT_STRIDE past it); the vectorised engine and the
+    per-client loop agree; the round counts the k-fold gradient work."""
+    from raycobo import rng
+    from raycobo.algorithms.cobo import ALIGN_SALT_STRIDE, alignment_scores
+    from tests.helpers import on_engines
+
+    cfg = digits_cfg(
+        "algorithm.name=cobo",
+        "algorithm.alignment_batches=3",
+        "algorithm.sampling=full",
+        f"algorithm.order={order}",
+        "rounds=2",
+    )
+    results = []
+    for algo, ops, state in on_engines(cfg, 0):
+        seen = {}
+        original = CoBo.apply_scores
+
+        def spy(self, st, edges, scores, t, seen=seen, original=original):
+            seen["edges"], seen["scores"], seen["X"] = edges, scores, st.X.clone()
+            return original(self, st, edges, scores, t)
+
+        CoBo.apply_scores = spy
+        try:
+            X_before = state.X.clone()
+            state, stats = algo.round(state, 0, ops)
+        finally:
+            CoBo.apply_scores = original
+        E = seen["edges"].shape[0]
+        assert stats["alignment_grads"] == 2 * E * 3
+        i, j = seen["edges"][:, 0], seen["edges"][:, 1]
+        X = X_before if order == "weights_first" else seen["X"]
+        Z = 0.5 * (X[i] + X[j])
+        mean = {}
+        for end, (who, partner) in {"i": (i, j), "j": (j, i)}.items():
+            parts = [
+                ops.grads(who, Z, 0, rng.ALIGN, partner + b * ALIGN_SALT_STRIDE)[0]
+                for b in range(3)
+            ]
+            mean[end] = sum(parts) / 3
+        want = alignment_scores(mean["i"], mean["j"], "bounded", algo.floor(state))
+        assert_close(seen["scores"], want, atol=1e-5, rtol=1e-4)
+        one = alignment_scores(
+            ops.grads(i, Z, 0, rng.ALIGN, j)[0],
+            ops.grads(j, Z, 0, rng.ALIGN, i)[0],
+            "bounded",
+            algo.floor(state),
+        )
+        assert not torch.allclose(one, want, atol=1e-3)  # one minibatch scores otherwise
+        results.append((state.X, state.W))
+    (Xv, Wv), (Xl, Wl) = results
+    assert_close(Xv, Xl, atol=1e-4, rtol=1e-3)
+    assert_close(Wv, Wl, atol=1e-4, rtol=1e-3)

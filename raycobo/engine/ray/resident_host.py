@@ -108,20 +108,22 @@ class ResidentHostImpl(ClientHostImpl):
         t0 = time.perf_counter()
         X = self._models()
         own, members = self._in(req.own), self._in(req.members)
-        k, m = own.numel(), members.numel()
-        Z = torch.cat([hp.midpoints(X[own], self._rows_of(blocks, req.partners)), X[members]])
+        m = members.numel()
+        mid = hp.midpoints(X[own], self._rows_of(blocks, req.partners))
+        salts = torch.as_tensor(np.asarray(req.salts), dtype=torch.int64).reshape(-1)
+        batched = getattr(hp, "align_requests", None)  # optional in the row-step protocol
+        if batched is not None:  # each alignment row repeated per minibatch it averages
+            own, mid, salts = batched(own, mid, salts)
+        k = own.numel()
+        Z = torch.cat([mid, X[members]])
         streams = torch.cat([torch.full((k,), rng.ALIGN), torch.full((m,), rng.STEP)])
-        salts = torch.cat(
-            [
-                torch.as_tensor(np.asarray(req.salts), dtype=torch.int64).reshape(-1),
-                torch.zeros(m, dtype=torch.int64),
-            ]
-        )
+        salts = torch.cat([salts, torch.zeros(m, dtype=torch.int64)])
         G, L = self.ops.grads(torch.cat([own, members]), Z, req.round, streams, salts)
         Y = hp.stepped(X, members, G[k:])
         self.pending_step = (members, G[k:], L[k:], Y)
         self.phase1_s = time.perf_counter() - t0
-        return G[:k].cpu().numpy(), None if Y is None else Y.cpu().numpy()
+        G_align = G[:k] if batched is None else hp.align_mean(G[:k])
+        return G_align.cpu().numpy(), None if Y is None else Y.cpu().numpy()
 
     def res_update(self, req: UpdateRequest, hp: RowStep, *parts):
         """Phase 2: the scores of the sampled pairs that touch this host (both gradients

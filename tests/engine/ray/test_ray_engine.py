@@ -302,27 +302,34 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
     assert bool((W_r >= 0).all() and (W_r <= 1).all())
     assert torch.isfinite(X_r).all()
     # stale rounds with staleness 0 are the synchronous round: the local engine's numbers
+    # (also with each alignment gradient averaged over 2 minibatches, sent ahead)
     sync = with_overrides(cfg, {"engine.staleness": 0, "engine.slow_seconds": 0.0})
-    X_l, W_l, _ = run_local(sync, 6)
-    (X_s, W_s, _), _ = run_ray(sync, 6)
-    assert_close(X_s, X_l, atol=1e-5, rtol=1e-5)
+    for batches in (1, 2):
+        k = with_overrides(sync, {"algorithm.alignment_batches": batches})
+        X_l, W_l, _ = run_local(k, 6)
+        (X_s, W_s, _), _ = run_ray(k, 6)
+        assert_close(X_s, X_l, atol=1e-5, rtol=1e-5)
+        assert_close(W_s, W_l, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("task", ["quadratic", "recheck", "current", "digits"])
+@pytest.mark.parametrize("task", ["quadratic", "recheck", "current", "batches", "digits"])
 def test_host_resident_cobo_matches_the_local_engine(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, digits_cfg, task
 ):
     """engine.rounds=resident: models stay in the hosts, pairs straddle hosts (clients 0-2 on
     host 0, 3-4 on host 1), and X, W and the evaluations equal the local engine's; with
     CoBo's recheck at 0.5 too (round t's pairs then read W^t: no round is sent ahead),
-    and with the pull on the current models (the default pulls the stepped ones, which
-    phase 1 publishes)."""
-    if task in ("quadratic", "recheck", "current"):
+    with the pull on the current models (the default pulls the stepped ones, which
+    phase 1 publishes), and with each alignment gradient averaged over 2 minibatches
+    (the hosts request and average them)."""
+    if task in ("quadratic", "recheck", "current", "batches"):
         over = {"algorithm.name": "cobo", "rounds": 6}
         if task == "recheck":
             over["algorithm.recheck"] = 0.5
         if task == "current":
             over["algorithm.pull_at"] = "current"
+        if task == "batches":
+            over["algorithm.alignment_batches"] = 2
         cfg = with_overrides(quad_cfg_module, over)
     else:
         cfg = digits_cfg(
