@@ -334,3 +334,24 @@ def test_the_diagnosis_replaces_w_after_every_step():
     true = diagnose.run_mode(cell, "test", 0, "true", threads=1, rounds=10)
     assert learned["cross_pulled_max"] >= 1
     assert true["loss"] < learned["loss"]
+
+
+def test_the_score_separation_is_measured_on_one_minibatch_and_on_a_mean():
+    """scores.py: the clusters' separation of Eq. (1)'s score at chosen rounds, with one
+    minibatch per end and with the mean of several; on quad-2x2 (gradient noise 0.1) the
+    mean of 8 draws separates the two clusters better than one draw."""
+    import torch
+
+    scores = _load("scores")
+    inside = torch.tensor([True, True, False, False])
+    got = scores.separation(torch.tensor([0.5, 0.3, -0.1, 0.1]), inside)
+    assert got["inside"] == 0.4 and got["across"] == 0.0
+    assert got["d"] == pytest.approx(2.83, abs=0.01)
+    cell = {c["id"]: c for c in regimes.load_cells()}["quad-2x2"]
+    cfg = regimes.cell_config(cell, "validation", 0)
+    cfg["algorithm"] = {"name": "cobo"}
+    rows = scores.measure(cfg, [0, 3], batches=8, pairs=100)
+    assert [r["round"] for r in rows] == [0, 3]
+    first = rows[0]
+    assert first["mean_of_8"]["d"] > first["one_batch"]["d"]
+    assert first["mean_of_8"]["inside_sd"] < first["one_batch"]["inside_sd"]

@@ -1,0 +1,121 @@
+"""How well one alignment score separates a cell's clusters: at chosen rounds of a run
+with CoBo's defaults, every pair (at most ``--pairs``) scored at its midpoint as Eq. (1)
+scores it -- each end's gradient on one minibatch -- and with each end's gradient the
+mean of ``--batches`` minibatches, with the mean and spread of the scores inside the
+clusters and across them, and d' = (mean inside - mean across) / their pooled spread.
+
+Usage: python benchmarks/regimes/scores.py --cell mnist1d-16 [--split validation]
+       [--seed 1] [--at 0,8,25,100,300] [--batches 16] [--pairs 4000]
+
+The local engine in this process; the run's own W steps are left as they are (the
+scores are measured beside them, on draws of their own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+regimes = SimpleNamespace(**runpy.run_path(str(HERE / "run.py")))
+diagnose = SimpleNamespace(**runpy.run_path(str(HERE / "diagnose.py")))
+
+# the measurement's own salts, past any batch_salts of alignment_batches
+SALT_BASE = 1 << 28
+
+
+def separation(scores, inside) -> dict:
+    """Mean and spread of the scores inside and across the clusters, and d'."""
+    w, c = scores[inside], scores[~inside]
+    pooled = float(((w.var() + c.var()) / 2).sqrt())
+    return {
+        "inside": round(float(w.mean()), 3),
+        "inside_sd": round(float(w.std()), 3),
+        "across": round(float(c.mean()), 3),
+        "across_sd": round(float(c.std()), 3),
+        "d": round(float(w.mean() - c.mean()) / pooled, 2) if pooled > 0 else None,
+    }
+
+
+def measure(cfg: dict, at: list[int], batches: int, pairs: int) -> list[dict]:
+    """Run ``cfg`` (CoBo) up to the last round of ``at``, measuring at each."""
+    import torch
+
+    from raycobo import api, rng
+    from raycobo.algorithms.cobo import CoBo, alignment_scores
+
+    clusters = torch.tensor(diagnose.clusters_of(cfg))
+    original = CoBo.round
+    rows: list[dict] = []
+
+    def round_(self, state, t, ops):
+        if t in at:
+            n = state.X.shape[0]
+            i, j = torch.triu_indices(n, n, 1)
+            if i.numel() > pairs:  # a fixed subset of the pairs
+                keep = torch.randperm(i.numel(), generator=torch.Generator().manual_seed(0))
+                i, j = i[keep[:pairs]], j[keep[:pairs]]
+            E = i.numel()
+            Z = (0.5 * (state.X[i] + state.X[j])).repeat(2, 1)
+            ends, partners = torch.cat([i, j]), torch.cat([j, i])
+            draws = [
+                ops.grads(ends, Z, t, rng.ALIGN, partners + SALT_BASE + b * n)[0]
+                for b in range(batches)
+            ]
+            floor = self.floor(state)
+            one = alignment_scores(draws[0][:E], draws[0][E:], self.cfg.alignment, floor)
+            G = torch.stack(draws).mean(dim=0)
+            mean = alignment_scores(G[:E], G[E:], self.cfg.alignment, floor)
+            inside = clusters[i] == clusters[j]
+            rows.append(
+                {
+                    "round": t,
+                    "one_batch": separation(one, inside),
+                    f"mean_of_{batches}": separation(mean, inside),
+                }
+            )
+        return original(self, state, t, ops)
+
+    cfg = {**cfg, "rounds": max(at) + 1, "eval_every": max(at) + 1}
+    CoBo.round = round_
+    try:
+        with tempfile.TemporaryDirectory(prefix="scores-") as out:
+            api.run(cfg, out=Path(out) / "run", track=False)
+    finally:
+        CoBo.round = original
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cell", required=True)
+    ap.add_argument("--split", choices=["test", "validation"], default="validation")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--at", default="0,8,25,100,300", help="rounds to measure at")
+    ap.add_argument("--batches", type=int, default=16)
+    ap.add_argument("--pairs", type=int, default=4000)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    cells = {c["id"]: c for c in regimes.load_cells()}
+    if args.cell not in cells:
+        ap.error(f"--cell: no cell {args.cell!r} in cells.yaml")
+    if args.batches < 2:
+        ap.error("--batches: at least 2 (the mean is compared with one minibatch)")
+    at = sorted({int(a) for a in args.at.split(",")})
+    import torch
+
+    torch.set_num_threads(args.threads)
+    cfg = regimes.cell_config(cells[args.cell], args.split, args.seed)
+    cfg["algorithm"] = {"name": "cobo"}
+    for row in measure(cfg, at, args.batches, args.pairs):
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
