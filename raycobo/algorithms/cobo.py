@@ -843,11 +843,11 @@ class CoBo:
         if c.gamma_decay == "none" or c.domain != "box" or not c.recheck:
             if hold:
                 return WStep(gamma, gamma, cut, hold, rise)
-            return WStep(gamma, cut=cut, rise=rise) if rise is not None else WStep(gamma)
+            return WStep(gamma, cut=cut, rise=rise)  # the cut acts only with a rise
         pulled = min(gamma, self.gamma_at(t, n, self.recheck_floor(n)))
         # where the sampler's rate was never below recheck, the same step
         if pulled >= gamma and not hold:
-            return WStep(gamma, cut=cut, rise=rise) if rise is not None else WStep(gamma)
+            return WStep(gamma, cut=cut, rise=rise)  # the cut acts only with a rise
         return WStep(gamma, pulled, cut, hold, rise)
 
     def entry_rise(self) -> float | None:
