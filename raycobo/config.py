@@ -612,7 +612,8 @@ RAYCOBO_BEFORE_PINNING = {
 # rate as set whatever a pair's samples, before recheck_samples, 2026-11-28; the sampling
 # strategy's rates as set, before sampling_samples, 2026-11-28; no limit on a pair's rise
 # below the pull's threshold, before entry_samples, 2026-11-28; one minibatch per
-# alignment gradient, before alignment_batches, 2026-11-28)
+# alignment gradient, before alignment_batches, 2026-11-28; pairs sampled from round 0,
+# before sampling_start, 2026-11-29)
 COBO_ADDED_LATER = {
     "pull_threshold": 0.0,
     "initial_weight": 1.0,
@@ -623,6 +624,7 @@ COBO_ADDED_LATER = {
     "sampling_samples": 0.0,
     "entry_samples": 1,
     "alignment_batches": 1,
+    "sampling_start": 0.0,
 }
 
 

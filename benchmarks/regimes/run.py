@@ -197,7 +197,13 @@ def clients(cell: dict) -> int | None:
 # the run (S < K): a row from before them counts where they are inert on its cell
 AFTER_ROWS = ("recheck_samples", "sampling_samples", "sampling_scale_max")
 # CoBo keys whose value here is off, as before the key: a row without them counts
-OFF_AT = {"recheck_samples": 0, "sampling_samples": 0, "entry_samples": 1, "alignment_batches": 1}
+OFF_AT = {
+    "recheck_samples": 0,
+    "sampling_samples": 0,
+    "entry_samples": 1,
+    "alignment_batches": 1,
+    "sampling_start": 0,
+}
 
 
 def _set(settings: dict) -> dict:

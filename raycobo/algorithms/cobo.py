@@ -81,6 +81,7 @@ RULES: dict[str, dict[str, object]] = {
         "sampling_scale_max": 4.0,
         "entry_samples": 1,
         "alignment_batches": 1,
+        "sampling_start": 0.0,
     },
     "paper": {
         "alignment": "inner",
@@ -99,6 +100,7 @@ RULES: dict[str, dict[str, object]] = {
         "sampling_scale_max": 4.0,  # acts only where sampling_samples is set
         "entry_samples": 1,
         "alignment_batches": 1,
+        "sampling_start": 0.0,
     },
 }
 # keys that apply only where other keys have these values: written out (pinned, MLflow
@@ -167,8 +169,8 @@ class CoBoConfig(MethodConfig):
         default="raycobo",
         description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
         "pull_at, pull_strength, pull_threshold, initial_weight, recheck, recheck_samples, "
-        "mixed_switch, sampling_samples, sampling_scale_max, entry_samples and "
-        "alignment_batches: "
+        "mixed_switch, sampling_samples, sampling_scale_max, sampling_start, entry_samples "
+        "and alignment_batches: "
         "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
     )
     # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
@@ -304,6 +306,16 @@ class CoBoConfig(MethodConfig):
         "over the run (S, in expectation: many clients, a short run), its p_t are all "
         "multiplied by this / S, at most sampling_scale_max (0: the strategy's rates)"
         + _by_rule("sampling_samples"),
+    )
+    sampling_start: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="the first share of the rounds samples no pair (W stays W^0, and no "
+        "recheck draws): the clients' models move apart from x^0 first, since while they "
+        "are still alike every pair's gradients share the task's common part and score "
+        "aligned; the strategy's rates, its samples S and the W step's decay count the "
+        "rounds after it" + _by_rule("sampling_start"),
     )
     sampling_scale_max: float | None = Field(
         default=None,
@@ -984,7 +996,7 @@ class CoBo:
         a pair whose w_ij is below 1, where set); 0 where p_t is already at least r,
         and without recheck (or off the box domain)."""
         c = self.cfg
-        if c.domain != "box" or not c.recheck:
+        if c.domain != "box" or not c.recheck or t < self.sampler(n).start_round():
             return 0.0
         r = c.recheck_unsettled if unsettled and c.recheck_unsettled is not None else c.recheck
         r = self.recheck_at(self.scaled_recheck(float(r), n), t)

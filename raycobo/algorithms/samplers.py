@@ -14,6 +14,11 @@ Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
   p = 2/n for 800 steps, then 1/sqrt(t));
 - ``full``:     every pair, every round (the paper's "no sampling" oracle).
 
+With ``start`` (CoBo's ``sampling_start``) > 0, no pair is sampled in the first
+ceil(start * rounds) rounds (p_t = 0 there, and no floor counts there either); the
+strategy's own rates are otherwise unchanged (the mixed switch stays where the rounds
+put it), so a pair's samples over the run, S, count only the rounds after it.
+
 Where a strategy samples a pair S < ``least_samples`` times over the run (in
 expectation: many clients, a short run), all its p_t are multiplied by least_samples / S,
 at most ``max_scale`` and at most 1 (CoBo's ``sampling_samples``, ``sampling_scale_max``);
@@ -104,6 +109,7 @@ class EdgeSampler:
     switch_samples: float | None = None  # or: switch once a pair had this many samples
     least_samples: float = 0.0  # p_t scaled where a pair would have fewer (``scale``)
     max_scale: float = math.inf  # ... by at most this
+    start: float = 0.0  # the share of the rounds, from round 0, that samples no pair
 
     def __post_init__(self):
         if self.kind not in SAMPLINGS:
@@ -118,9 +124,10 @@ class EdgeSampler:
         share = 0.0 if samples is not None else float(switch)
         least = float(getattr(cfg, "sampling_samples", 0.0) or 0.0)
         most = float(getattr(cfg, "sampling_scale_max", None) or math.inf)
+        start = float(getattr(cfg, "sampling_start", 0.0) or 0.0)
         return cls(
             cfg.sampling, n, rounds, seed, cfg.sampling_c, cfg.time_c, share, samples,
-            least, most,
+            least, most, start,
         )  # fmt: skip
 
     def constant_rate(self) -> float:
@@ -128,10 +135,16 @@ class EdgeSampler:
 
     def switch_round(self) -> int:
         if self.switch_samples is not None:  # the constant phase gives each pair K samples
-            return int(math.ceil(self.switch_samples / self.constant_rate()))
+            return self.start_round() + int(math.ceil(self.switch_samples / self.constant_rate()))
         return int(math.ceil(self.mixed_switch * self.rounds))
 
+    def start_round(self) -> int:
+        """The first round that samples pairs (``start``'s share of the rounds)."""
+        return int(math.ceil(self.start * self.rounds)) if self.start else 0
+
     def probability(self, t: int) -> float:
+        if t < self.start_round():
+            return 0.0
         p = SAMPLINGS[self.kind](self, t)
         return p if self.scale == 1.0 else min(1.0, p * self.scale)
 
@@ -218,9 +231,10 @@ def floor_at(floor: float | tuple[float, int], t: int) -> float:
 def _probabilities(
     sampler: EdgeSampler, upto: int, floor: float | tuple[float, int]
 ) -> list[float]:
-    total, out = 0.0, [0.0]
+    total, out, start = 0.0, [0.0], sampler.start_round()
     for t in range(upto):
-        total += max(sampler.probability(t), floor_at(floor, t))
+        if t >= start:  # before it no pair is sampled, not even at the floor's rate
+            total += max(sampler.probability(t), floor_at(floor, t))
         out.append(total)
     return out
 

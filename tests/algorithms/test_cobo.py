@@ -1108,3 +1108,65 @@ def test_alignment_batches_average_each_end_over_k_minibatches(digits_cfg, order
     (Xv, Wv), (Xl, Wl) = results
     assert_close(Xv, Xl, atol=1e-4, rtol=1e-3)
     assert_close(Wv, Wl, atol=1e-4, rtol=1e-3)
+
+
+def test_sampling_start_samples_no_pair_until_the_models_moved_apart(quad_cfg, tmp_path):
+    """sampling_start s: no pair is sampled (nor re-checked) in the first ceil(s *
+    rounds) rounds, so W stays W^0 and, with W^0 = 0, every client trains alone there;
+    from then on the strategy's own draws, round for round, and S, sampling_samples'
+    scale and the W step's decay count only those rounds. Off (0) in both rules and in
+    configs stored before the key; 1 refused (no pair would ever be sampled)."""
+    import yaml
+
+    from raycobo.config import ConfigError, load_config, load_stored_config
+
+    keys = {"sampling_samples": 0.0}
+    late = CoBo(CoBoConfig(sampling_start=0.1, **keys), 200, 0)
+    plain = CoBo(CoBoConfig(**keys), 200, 0)
+    s, p = late.sampler(80), plain.sampler(80)
+    assert s.start_round() == 20
+    assert all(s.probability(t) == 0.0 for t in range(20))
+    assert all(s.probability(t) == p.probability(t) for t in range(20, 200))
+    assert s.expected_samples(20) == 0.0
+    S = p.expected_samples(200) - p.expected_samples(20)
+    assert s.expected_samples(200) == pytest.approx(S)
+    assert late.w_step(20, 80).gamma == 3.0  # a pair's first possible sample: gamma
+    k50 = p.expected_samples(50) - p.expected_samples(20)  # samples from round 20 on
+    assert late.w_step(50, 80).gamma == pytest.approx(3.0 / (1 + k50) ** 0.5)
+    W = torch.ones(80, 80)  # every pair pulled: recheck would draw them all
+    for t in (0, 19):
+        assert late.sample_edges(None, t, 80, W=W)[0].numel() == 0
+    for t in (20, 120):
+        assert torch.equal(late.sample_edges(None, t, 80)[0], plain.sample_edges(None, t, 80)[0])
+    assert late.recheck_rate(19, 80) == 0.0 and late.recheck_rate(20, 80) > 0.0
+    # sampling_samples reads the shorter run: S < 12 here, so the rates rise more
+    scaled = CoBo(CoBoConfig(sampling_start=0.1), 200, 0).sampler(80)
+    assert scaled.scale == pytest.approx(min(4.0, 12.0 / S))
+    assert scaled.scale > CoBo(CoBoConfig(), 200, 0).sampler(80).scale
+    by_samples = CoBo(CoBoConfig(sampling_start=0.1, mixed_switch={"samples": 5}), 200, 0)
+    assert by_samples.sampler(8).switch_round() == 20 + 20  # 5 samples at 2 / 8, after 20
+
+    # a run: W stays W^0 and the models step alone until round 2 of 8
+    cfg = quad_cfg("algorithm.name=cobo", "algorithm.sampling_start=0.25", "rounds=8")
+    alone = quad_cfg("algorithm.name=local", "rounds=8")
+    _, ops, algo = build(cfg)
+    _, ops_l, local = build(alone)
+    state, ref = algo.init(ops), local.init(ops_l)
+    W0 = state.W.clone()
+    for t in range(2):
+        state, stats = algo.round(state, t, ops)
+        ref, _ = local.round(ref, t, ops_l)
+        assert stats["alignment_grads"] == 0.0
+        assert torch.equal(state.W, W0)
+    assert_close(state.X, ref.X)
+    state, stats = algo.round(state, 2, ops)
+    assert stats["alignment_grads"] > 0
+
+    assert CoBoConfig().pinned().sampling_start == 0.0
+    assert CoBoConfig(rule="paper").pinned().sampling_start == 0.0
+    pinned = CoBoConfig(sampling_start=0.1).pinned().model_dump(mode="json")
+    del pinned["sampling_start"]  # what a run pinned before the key existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
+    assert load_stored_config(tmp_path / "config.yaml").algorithm.sampling_start == 0.0
+    with pytest.raises(ConfigError, match="algorithm.sampling_start"):
+        load_config(None, ["algorithm.sampling_start=1"])

@@ -312,7 +312,7 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
         assert_close(W_s, W_l, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("task", ["quadratic", "recheck", "current", "batches", "digits"])
+@pytest.mark.parametrize("task", ["quadratic", "recheck", "current", "batches", "start", "digits"])
 def test_host_resident_cobo_matches_the_local_engine(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, digits_cfg, task
 ):
@@ -320,9 +320,10 @@ def test_host_resident_cobo_matches_the_local_engine(
     host 0, 3-4 on host 1), and X, W and the evaluations equal the local engine's; with
     CoBo's recheck at 0.5 too (round t's pairs then read W^t: no round is sent ahead),
     with the pull on the current models (the default pulls the stepped ones, which
-    phase 1 publishes), and with each alignment gradient averaged over 2 minibatches
-    (the hosts request and average them)."""
-    if task in ("quadratic", "recheck", "current", "batches"):
+    phase 1 publishes), with each alignment gradient averaged over 2 minibatches
+    (the hosts request and average them), and with no pair sampled in the first half of
+    the rounds (sampling_start; recheck's draws start with the sampler's)."""
+    if task in ("quadratic", "recheck", "current", "batches", "start"):
         over = {"algorithm.name": "cobo", "rounds": 6}
         if task == "recheck":
             over["algorithm.recheck"] = 0.5
@@ -330,6 +331,9 @@ def test_host_resident_cobo_matches_the_local_engine(
             over["algorithm.pull_at"] = "current"
         if task == "batches":
             over["algorithm.alignment_batches"] = 2
+        if task == "start":
+            over["algorithm.sampling_start"] = 0.5
+            over["algorithm.recheck"] = 0.5
         cfg = with_overrides(quad_cfg_module, over)
     else:
         cfg = digits_cfg(
