@@ -613,7 +613,7 @@ RAYCOBO_BEFORE_PINNING = {
 # strategy's rates as set, before sampling_samples, 2026-11-28; no limit on a pair's rise
 # below the pull's threshold, before entry_samples, 2026-11-28; one minibatch per
 # alignment gradient, before alignment_batches, 2026-11-28; pairs sampled from round 0,
-# before sampling_start, 2026-11-29)
+# before sampling_start, 2026-11-28)
 COBO_ADDED_LATER = {
     "pull_threshold": 0.0,
     "initial_weight": 1.0,

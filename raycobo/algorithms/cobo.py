@@ -312,10 +312,10 @@ class CoBoConfig(MethodConfig):
         ge=0,
         lt=1,
         description="the first share of the rounds samples no pair (W stays W^0, and no "
-        "recheck draws): the clients' models move apart from x^0 first, since while they "
-        "are still alike every pair's gradients share the task's common part and score "
-        "aligned; the strategy's rates, its samples S and the W step's decay count the "
-        "rounds after it" + _by_rule("sampling_start"),
+        "recheck draws), so the models move apart from x^0 before any pair is scored; "
+        "the strategy's rates, its samples S and the W step's decay count the rounds "
+        "after it (measured on the regime matrix, it loses: a cluster's own pairs also "
+        "score high only early)" + _by_rule("sampling_start"),
     )
     sampling_scale_max: float | None = Field(
         default=None,
