@@ -995,12 +995,12 @@ class CoBo:
         it is sampled with probability r = ``recheck`` in all (``recheck_unsettled`` for
         a pair whose w_ij is below 1, where set); 0 where p_t is already at least r,
         and without recheck (or off the box domain)."""
-        c = self.cfg
-        if c.domain != "box" or not c.recheck or t < self.sampler(n).start_round():
+        c, sampler = self.cfg, self.sampler(n)
+        if c.domain != "box" or not c.recheck or t < sampler.start_round():
             return 0.0
         r = c.recheck_unsettled if unsettled and c.recheck_unsettled is not None else c.recheck
         r = self.recheck_at(self.scaled_recheck(float(r), n), t)
-        p = self.sampler(n).probability(t)
+        p = sampler.probability(t)
         return max(0.0, (r - p) / (1.0 - p)) if p < 1 else 0.0
 
     def recheck_at(self, rate: float, t: int) -> float:

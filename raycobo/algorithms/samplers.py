@@ -140,7 +140,7 @@ class EdgeSampler:
 
     def start_round(self) -> int:
         """The first round that samples pairs (``start``'s share of the rounds)."""
-        return int(math.ceil(self.start * self.rounds)) if self.start else 0
+        return int(math.ceil(self.start * self.rounds))
 
     def probability(self, t: int) -> float:
         if t < self.start_round():
