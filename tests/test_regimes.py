@@ -126,14 +126,22 @@ def test_a_row_counts_only_for_the_settings_it_ran():
         return sorted(j["entry"] for j in jobs)
 
     assert planned({}) == ["cobo", "no-recheck"]
-    assert planned({key: now, other: None}) == []  # the same settings, or none recorded
-    assert planned({key: {**now, "pull_at": "current"}, other: None}) == ["cobo"]
+    assert planned({key: now, other: now}) == ["no-recheck"]
+    assert planned({key: now, other: regimes.entry_settings("cobo", {"recheck": 0.0})}) == []
+    # a row that recorded no settings predates the keys of OFF_AT: it counts only where
+    # they are off (or, as below, inert on the cell)
+    assert now["alignment_batches"] == 2
+    assert planned({key: None, other: None}) == ["cobo", "no-recheck"]
+    previous = {"cobo": ("cobo", {"alignment_batches": 1})}
+    assert regimes.plan_jobs([cells["quad-2x2"]], previous, [0], "test", {key: None}) == []
+    assert planned({key: {**now, "pull_at": "current"}, other: now}) == ["cobo", "no-recheck"]
     # a key added since, null while off, leaves a row that did not record it valid; set,
     # it does not
     assert now["recheck_unsettled"] is None
     before = {k: v for k, v in now.items() if k != "recheck_unsettled"}
-    assert planned({key: before, other: None}) == []
-    assert planned({key: {**now, "recheck_unsettled": 0.08}, other: None}) == ["cobo"]
+    done = {other: regimes.entry_settings("cobo", {"recheck": 0.0})}
+    assert planned({key: before, **done}) == []
+    assert planned({key: {**now, "recheck_unsettled": 0.08}, **done}) == ["cobo"]
     first = {"cell": "quad-2x2", "entry": "cobo", "seed": 0, "loss": 1.0, "diverged": False}
     rows = [
         {**first, "entry": "local", "loss": 2.0},
@@ -182,7 +190,13 @@ def test_the_report_leaves_out_rows_the_defaults_no_longer_run():
     row = {"diverged": False, "loss": None, "accuracy": 0.7, "settings": before}
     rows = [
         {**row, "cell": "fmnist-800-r1000", "entry": "cobo", "seed": 0},
-        {**row, "cell": "fmnist-800-r1000", "entry": "tenth-matrix", "seed": 0},
+        {
+            **row,
+            "cell": "fmnist-800-r1000",
+            "entry": "tenth-matrix",
+            "seed": 0,
+            "settings": regimes.entry_settings("cobo", regimes.load_candidates()["tenth-matrix"]),
+        },
         {**row, "cell": "quad-2x2", "entry": "cobo", "seed": 0},
         {**row, "cell": "fmnist-800-r1000", "entry": "local", "seed": 0, "settings": None},
     ]
@@ -197,6 +211,41 @@ def test_the_report_leaves_out_rows_the_defaults_no_longer_run():
     assert (
         report.current([{**now, "cell": "fmnist-800-r1000", "entry": "cobo", "seed": 0}])[1] == []
     )
+
+
+def test_a_run_already_there_under_another_name_is_copied_not_run_again():
+    """A candidate's run whose settings a new default makes the defaults' is the
+    defaults' run (the cell, seed and settings fix every draw): measured here, the two
+    runs give the same row; the planner records it under the new entry, naming the entry
+    it ran as, and runs only what no row with those settings covers (another seed or
+    device, or a row that recorded no settings)."""
+    cells = {c["id"]: c for c in regimes.load_cells()}
+    cell = cells["quad-2x2"]
+    now = regimes.entry_settings("cobo", {})
+    explicit = {"alignment_batches": now["alignment_batches"], "gamma": now["gamma"]}
+    jobs = regimes.plan_jobs(
+        [cell], {"cobo": ("cobo", {}), "named": ("cobo", explicit)}, [0], "test", {}
+    )
+    ran = {j["entry"]: regimes.run_one(j) for j in jobs}
+    measured = ("loss", "w_within", "w_across", "mass_inside", "settings")
+    assert [ran["cobo"][k] for k in measured] == [ran["named"][k] for k in measured]
+
+    rows = [ran["named"]]
+    plan = regimes.plan_jobs([cell], {"cobo": ("cobo", {})}, [0, 1], "test", {})
+    plan += regimes.plan_jobs([cell], {"cobo": ("cobo", {})}, [0], "test", {}, device="cuda")
+    todo, copies = regimes.copied_runs(plan, rows)
+    assert [(j["seed"], j.get("device")) for j in todo] == [(1, None), (0, "cuda")]
+    assert len(copies) == 1
+    copy = copies[0]
+    assert (copy["entry"], copy["copied_from"], copy["overrides"]) == ("cobo", "named", {})
+    assert copy["loss"] == ran["named"]["loss"] and copy["seed"] == 0
+    # a copy of a copy names the run's own entry; no settings recorded, or other settings
+    # (the previous defaults): run
+    again, [second] = regimes.copied_runs(plan[:1], [{**copy, "entry": "other"}])
+    assert again == [] and second["copied_from"] == "named"
+    assert regimes.copied_runs(plan[:1], [{**ran["named"], "settings": None}])[1] == []
+    old = regimes.entry_settings("cobo", {"alignment_batches": 1})
+    assert regimes.copied_runs(plan[:1], [{**ran["named"], "settings": old}])[1] == []
 
 
 def digits_rows() -> tuple[dict, list[dict]]:

@@ -52,12 +52,12 @@ def _on_cpu(row: dict) -> bool:
     return row.get("device", "cpu") == "cpu"
 
 
-def current(rows: list[dict]) -> tuple[list[dict], list[str]]:
+def current(rows: list[dict], shown: list[str] | None = None) -> tuple[list[dict], list[str]]:
     """The rows that count as their entry's run now: a row of the defaults (``cobo``) or
     of a candidate whose recorded settings differ from the entry's settings today (a
     default changed since, where it acts on the row's cell) is left out, so that a cell
     not run again shows no figure rather than an old one under the new name. -> (rows,
-    one line per left-out cell and entry)"""
+    one line per left-out cell and entry, of the entries ``shown`` where given)"""
     cells = {c["id"]: c for c in load_cells()}
     now = {"cobo": _run.entry_settings("cobo", {})}
     for name, over in _run.load_candidates().items():
@@ -71,6 +71,7 @@ def current(rows: list[dict]) -> tuple[list[dict], list[str]]:
     notes = [
         f"{cell} {entry} (seeds {', '.join(map(str, sorted(seeds)))})"
         for (cell, entry), seeds in sorted(stale.items())
+        if shown is None or entry in shown
     ]
     return kept, notes
 
@@ -344,7 +345,10 @@ def main() -> int:
     ap.add_argument("--scaling-plot", type=Path, default=None, help="gap and s/round vs n")
     ap.add_argument("--intro", type=Path, default=None, help="text above the table")
     args = ap.parse_args()
-    rows, stale = current(read_results(args.out / args.split / "results.jsonl"))
+    rows, stale = current(
+        read_results(args.out / args.split / "results.jsonl"),
+        args.entries.split(",") if args.entries else None,
+    )
     table = summarize(rows)
     entries = (
         args.entries.split(",")

@@ -3,13 +3,15 @@ every cell of ``cells.yaml``, over seeds, on the cells' validation or test data.
 
 Usage: python benchmarks/regimes/run.py [--quick] [--cells ID,...] [--seeds 0,1,2]
        [--split test|validation] [--candidates NAME,...] [--sweep | --tuned] [--jobs N]
-       [--threads N] [--out DIR]
+       [--threads N] [--out DIR] [--copies-only]
 
 Results go to ``OUT/<split>/results.jsonl``, one line per run, with the method settings
 it ran (``settings``: the run's pinned ``algorithm`` section); a second call skips the
 runs already there with the same settings (so an interrupted matrix resumes) and runs
 again those whose entry's settings changed since (a new default), the report reading
-the last row of each run. ``report.py`` turns them into
+the last row of each run; a run already there under another entry's name with the same
+settings (a candidate that a new default made the defaults) is recorded under the new
+name, not run again. ``report.py`` turns them into
 the table and plot of REGIMES.md. ``--split validation`` holds out 20 % of every
 client's training data and scores on it: that is where defaults are chosen; the test
 split is where they are reported. Candidates (``candidates.yaml``) are named sets of
@@ -231,14 +233,14 @@ def inert_on(now: dict, cell: dict, keys: set[str]) -> bool:
 
 
 def same_settings(ran: dict | None, now: dict, cell: dict | None = None) -> bool:
-    """Whether a row that ran ``ran`` (None: written before rows recorded settings)
-    counts as an entry's run with ``now``: the same values, a null key the same as an
-    absent one (a key added since, null while off, leaves the rows before it valid), and
-    on ``cell`` a row from before ``AFTER_ROWS``' keys where they change nothing there
-    (every pair sampled at least that often: the same rounds, draw for draw)."""
-    if ran is None:
-        return True
-    had, have = _set(ran), _set(now)
+    """Whether a row that ran ``ran`` counts as an entry's run with ``now``: the same
+    values, a null key the same as an absent one (a key added since, null while off,
+    leaves the rows before it valid), and on ``cell`` a row from before ``AFTER_ROWS``'
+    keys where they change nothing there (every pair sampled at least that often: the
+    same rounds, draw for draw). A row written before rows recorded settings (``ran``
+    None) predates every key of ``OFF_AT``: it counts as ``now`` with those keys off."""
+    have = _set(now)
+    had = _set(ran) if ran is not None else {k: v for k, v in have.items() if k not in OFF_AT}
     if had == have:
         return True
     added = {k for k in AFTER_ROWS if k in have and k not in had}
@@ -319,6 +321,44 @@ def plan_jobs(
                     )
                 )
     return jobs
+
+
+def copied_runs(jobs: list[dict], rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The jobs whose run is already in ``rows`` under another entry's name: the same
+    method, cell, seed, split and device, and recorded settings that count as the job's
+    entry's now (a run is a function of these: its seed fixes every draw), e.g. a
+    candidate's runs once a new default makes it the defaults. -> (the jobs still to
+    run, one row per job found: the latest such run's row under the job's entry, with
+    ``copied_from`` naming the entry it ran as)."""
+    todo, copies = [], []
+    for job in jobs:
+        cell = job["cell"]
+        now = entry_settings(job["method"], job["overrides"])
+        found = next(
+            (
+                r
+                for r in reversed(rows)
+                if r.get("settings") is not None
+                and r["entry"] != job["entry"]
+                and (r["cell"], r["seed"], r.get("split"), r["method"])
+                == (cell["id"], job["seed"], job["split"], job["method"])
+                and r.get("device", "cpu") == job.get("device", "cpu")
+                and same_settings(r["settings"], now, cell)
+            ),
+            None,
+        )
+        if found is None:
+            todo.append(job)
+        else:
+            copies.append(
+                {
+                    **found,
+                    "entry": job["entry"],
+                    "overrides": job["overrides"],
+                    "copied_from": found.get("copied_from", found["entry"]),
+                }
+            )
+    return todo, copies
 
 
 def read_results(path: Path) -> list[dict]:
@@ -441,6 +481,11 @@ def main() -> int:
         "--device", default="cpu", help="engine.device of every run (cuda: the GPU cells too)"
     )
     ap.add_argument("--data-root", default=None, help="data.root of the file data sets")
+    ap.add_argument(
+        "--copies-only",
+        action="store_true",
+        help="record the runs already there under another entry's name, run nothing",
+    )
     args = ap.parse_args()
     try:
         cells = select_cells(load_cells(), args.cells, args.quick, args.device)
@@ -470,13 +515,22 @@ def main() -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
+    jobs, copies = copied_runs(jobs, read_results(results))
+    if copies:
+        with results.open("a") as f:
+            f.writelines(json.dumps(row) + "\n" for row in copies)
     again = sum((j["cell"]["id"], j["entry"], j["seed"], j["split"]) in done for j in jobs)
     print(
         f"{len(jobs)} runs ({len(done)} already in {results}"
         + (f"; {again} again: their entry's settings changed" if again else "")
+        + (f"; {len(copies)} recorded from the same runs under another entry" if copies else "")
         + ")",
         flush=True,
     )
+    if args.copies_only:
+        for j in jobs:
+            print(f"not run (--copies-only): {j['cell']['id']} {j['entry']} seed {j['seed']}")
+        return 0
     execute(jobs, results, args.jobs, args.threads)
     return 0
 
