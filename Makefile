@@ -73,24 +73,25 @@ fidelity-quick: install data
 fidelity-ablation: install data
 	$(PY) benchmarks/fidelity/run.py --jobs 2 --ablation
 
-# CoBo's regime matrix (benchmarks/regimes): Local, Oracle, CoBo's defaults, the two
-# previous defaults and the paper's rule on every CPU cell, 3 seeds on the test split;
+# CoBo's regime matrix (benchmarks/regimes): Local, Oracle, CoBo's defaults, earlier
+# defaults and the paper's rule on every CPU cell, 3 seeds on the test split;
 # the tuned ceiling on the cells of up to 80 clients (the sweep grid on validation, 2
 # seeds, then each cell's best point on test); then its table and plots in FIDELITY.md
 # (about eight hours on 2 cores; the GPU cells: benchmarks/regimes/gpu.sh; -quick: the
 # small cells, one seed, minutes)
 TUNED_CELLS = quad-2to10,quad-2x2,digits-8-r100,digits-8-r400,mnist1d-16,fmnist-16-rich,fmnist-80-r1000
 regimes: install data
-	$(PY) benchmarks/regimes/run.py --split test --candidates sixth-matrix,fourth-matrix,third-matrix,paper
+	$(PY) benchmarks/regimes/run.py --split test \
+		--candidates thirteenth-matrix,tenth-matrix,sixth-matrix,fourth-matrix,third-matrix,paper
 	$(PY) benchmarks/regimes/run.py --split validation --no-baselines --sweep \
 		--cells $(TUNED_CELLS) --seeds 0,1
 	$(PY) benchmarks/regimes/run.py --split test --no-baselines --tuned --cells $(TUNED_CELLS)
-	$(PY) benchmarks/regimes/report.py --split test --entries cobo,tuned,sixth-matrix,fourth-matrix,third-matrix,paper \
+	$(PY) benchmarks/regimes/report.py --split test \
+		--entries cobo,tuned,thirteenth-matrix,tenth-matrix,sixth-matrix,fifth-matrix,fourth-matrix,third-matrix,paper \
 		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png \
 		--scaling-plot benchmarks/regimes/scaling.png
 
-# starts afresh: the rows of a finished run are kept by (cell, entry, seed), not by the
-# defaults they ran with, so an earlier quick run's would stand for the current defaults
+# starts afresh: what CI asserts is this code's run, not a row kept from an earlier one
 regimes-quick: install
 	rm -rf runs/regimes-quick
 	$(PY) benchmarks/regimes/run.py --quick --split test --candidates paper --out runs/regimes-quick
