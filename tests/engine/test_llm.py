@@ -273,9 +273,11 @@ def test_alignment_gradients_use_each_clients_own_data(help_root):
     edges = algo.sampler(4).sample(0)
     algo.round(state, 0, ops)
     clients, streams = seen[0]
-    E = edges.shape[0]
     align = clients[streams == rng.ALIGN]
-    assert torch.equal(align[:E], edges[:, 0]) and torch.equal(align[E:], edges[:, 1])
+    # all i-endpoints, then all j, once per minibatch of alignment_batches (2 by default)
+    k = int(algo.cfg.alignment_batches)
+    assert k == 2
+    assert torch.equal(align, torch.cat([edges[:, 0], edges[:, 1]]).repeat(k))
 
 
 def test_llm_run_reports_perplexity(help_root, tmp_path):
