@@ -345,18 +345,11 @@ def main() -> int:
     ap.add_argument("--scaling-plot", type=Path, default=None, help="gap and s/round vs n")
     ap.add_argument("--intro", type=Path, default=None, help="text above the table")
     args = ap.parse_args()
-    rows, stale = current(
-        read_results(args.out / args.split / "results.jsonl"),
-        args.entries.split(",") if args.entries else None,
-    )
+    shown = args.entries.split(",") if args.entries else None
+    rows, stale = current(read_results(args.out / args.split / "results.jsonl"), shown)
     table = summarize(rows)
-    entries = (
-        args.entries.split(",")
-        if args.entries
-        else sorted(
-            {e for t in table.values() for e in t if not e.startswith(_run.SWEEP)}
-            - {"local", "oracle"}
-        )
+    entries = shown or sorted(
+        {e for t in table.values() for e in t if not e.startswith(_run.SWEEP)} - {"local", "oracle"}
     )
     lines = [markdown(table, entries), ""]
     for e in entries:

@@ -499,9 +499,10 @@ def main() -> int:
     )
     out = args.out / args.split
     results = out / "results.jsonl"
+    rows = read_results(results)
     done = {
         (r["cell"], r["entry"], r["seed"], r["split"]): r.get("settings")
-        for r in read_results(results)  # the last row of a run counts
+        for r in rows  # the last row of a run counts
     }
     try:
         entries = choose_entries(args, load_candidates())
@@ -515,7 +516,7 @@ def main() -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    jobs, copies = copied_runs(jobs, read_results(results))
+    jobs, copies = copied_runs(jobs, rows)
     if copies:
         with results.open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in copies)
