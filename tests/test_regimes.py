@@ -84,6 +84,34 @@ def test_the_scaling_table_reads_n_from_the_cells(tmp_path):
     assert report.plot_scaling(report.summarize(rows), ["cobo"], tmp_path / "s.png").stat().st_size
 
 
+def test_the_verdict_names_the_cells_short_of_each_target():
+    """Cells under 75 % of the gap (not hidden by rounding: 74.6 % is short) and cells
+    whose W holds under 0.9 of a row's mass inside the cluster, both among the weights
+    the pull reads and in the whole of W, are named; a cell with Oracle - Local under 3
+    points counts for none of them."""
+
+    def run(cell, entry, acc, whole=0.95, pulled=0.99):
+        return {"cell": cell, "entry": entry, "seed": 0, "accuracy": acc, "loss": 1.0,
+                "diverged": False, "seconds": 1.0, "mass_inside": whole,
+                "mass_pulled_inside": pulled, "w_within": 0.7, "w_across": 0.01}  # fmt: skip
+
+    rows = [run(c, e, a) for c in ("fmnist-160", "mnist1d-16", "fmnist-16-groups")
+            for e, a in (("local", 0.50), ("oracle", 0.60))]  # fmt: skip
+    rows += [
+        run("fmnist-160", "cobo", 0.59, whole=0.70),  # 90 %, only the whole W short
+        run("mnist1d-16", "cobo", 0.5746, pulled=0.85),  # 74.6 %, the pulled mass short
+        run("fmnist-16-groups", "cobo", 0.51, whole=0.5, pulled=0.5),
+    ]
+    table = report.summarize(rows)
+    table["fmnist-16-groups"]["oracle"]["score"] = 0.52  # gap < 3 points: not counted
+    table["fmnist-16-groups"]["cobo"]["gap"] = 0.1
+    v = report.verdict(table, "cobo")
+    assert v["cells"] == 2 and v["below_local"] == []
+    assert v["below_0.75"] == ["mnist1d-16"]
+    assert v["mass_below_0.9"] == ["mnist1d-16"]
+    assert v["whole_mass_below_0.9"] == ["fmnist-160"]
+
+
 def test_gpu_cells_and_devices_are_chosen_explicitly():
     """Cells marked ``gpu`` run only when named or on a GPU; ``--device`` and
     ``--data-root`` reach the runs' configs (not the generated data sets' roots)."""

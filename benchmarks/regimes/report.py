@@ -190,7 +190,7 @@ def markdown(table: dict, entries: list[str]) -> str:
 
 def verdict(table: dict, entry: str) -> dict:
     """The issue's targets for one entry over the counted cells."""
-    gaps, worst, below_local, low_mass, div = [], None, [], [], []
+    gaps, worst, below_local, short, low_mass, low_whole, div = [], None, [], [], [], [], []
     for cell in table:
         v = table[cell].get(entry)
         if v is None or not counts(table, cell):
@@ -202,17 +202,27 @@ def verdict(table: dict, entry: str) -> dict:
             worst = v["gap"] if worst is None else min(worst, v["gap"])
             if v["gap"] < 0:
                 below_local.append(cell)
+            if v["gap"] < 0.75:
+                short.append(cell)
         mass = v["mass_inside"] if v.get("mass_pulled") is None else v["mass_pulled"]
         if mass is not None and mass < 0.9:  # the weights the pull reads, where it cuts
             low_mass.append(cell)
+        if v["mass_inside"] is not None and v["mass_inside"] < 0.9:  # the whole of W
+            low_whole.append(cell)
     return {
         "cells": len(gaps),
         "median_gap": statistics.median(gaps) if gaps else None,
         "worst_gap": worst,
         "below_local": below_local,
+        "below_0.75": short,
         "mass_below_0.9": low_mass,
+        "whole_mass_below_0.9": low_whole,
         "diverged": div,
     }
+
+
+def _names(cells: list[str]) -> str:
+    return ", ".join(cells) or "none"
 
 
 def plot(table: dict, entries: list[str], path: Path) -> Path:
@@ -358,9 +368,10 @@ def main() -> int:
         worst = "-" if v["worst_gap"] is None else f"{100 * v['worst_gap']:.0f} %"
         lines.append(
             f"- `{e}`: {v['cells']} cells with a gap, median closed {med}, worst {worst}; "
-            f"below Local: {', '.join(v['below_local']) or 'none'}; row mass inside < 0.9: "
-            f"{', '.join(v['mass_below_0.9']) or 'none'}; diverged: "
-            f"{', '.join(v['diverged']) or 'none'}"
+            f"below Local: {_names(v['below_local'])}; under 75 % of the gap: "
+            f"{_names(v['below_0.75'])}; pulled mass inside < 0.9: "
+            f"{_names(v['mass_below_0.9'])}; whole-W mass inside < 0.9: "
+            f"{_names(v['whole_mass_below_0.9'])}; diverged: {_names(v['diverged'])}"
         )
     if stale:
         lines += [
