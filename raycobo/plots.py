@@ -23,12 +23,22 @@ def _boundaries(clusters: list[int | None], order: np.ndarray) -> list[float]:
     return [i - 0.5 for i in range(1, len(lab)) if lab[i] != lab[i - 1]]
 
 
-def heatmap(ax, W: np.ndarray, clusters: list[int | None], title: str) -> Any:
+# how opaque a weight below the update's cut (CoBo's pull threshold) is drawn
+FAINT = 0.3
+
+
+def heatmap(
+    ax, W: np.ndarray, clusters: list[int | None], title: str, cut: float | None = None
+) -> Any:
+    """``cut``: the least w_ij the method's update reads; entries below it are faint."""
     order = cluster_order(clusters) if clusters else np.arange(W.shape[0])
     M = W[np.ix_(order, order)].astype(float).copy()
     np.fill_diagonal(M, np.nan)  # the diagonal carries no information
     vmax = 1.0 if np.nanmax(M, initial=0) <= 1.0 else np.nanmax(M)
     im = ax.imshow(M, cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
+    if cut:
+        with np.errstate(invalid="ignore"):  # the blank diagonal
+            im.set_alpha(np.where(np.greater_equal(M, cut), 1.0, FAINT))
     for b in _boundaries(clusters, order) if clusters else []:
         ax.axhline(b, color="white", lw=0.6)
         ax.axvline(b, color="white", lw=0.6)
@@ -47,19 +57,31 @@ def heatmap(ax, W: np.ndarray, clusters: list[int | None], title: str) -> Any:
 # the note under every W figure: what the blank diagonal and the white lines are
 HEATMAP_NOTE = (
     "row i: client i's weights w_ij; clients ordered by true cluster, white lines between "
-    "clusters; the diagonal is blank (w_ii is not learned)"
+    "clusters; the diagonal is blank (w_ii is not learned); where the method pulls only "
+    "toward weights at or above a threshold (CoBo's pull_threshold, the red line on the "
+    "colour bar), the weights below it are drawn faint: learned, but not pulled toward"
 )
 
 
+def _colorbar(fig, im, axes: list, cuts: set[float], shrink: float) -> None:
+    bar = fig.colorbar(im, ax=axes, shrink=shrink, label="w_ij")
+    for cut in sorted(cuts):
+        bar.ax.axhline(cut, color="red", lw=1.2)
+
+
 def plot_collaboration(
-    path: Path, snapshots: dict[int, np.ndarray], clusters: list[int | None], label: str = ""
+    path: Path,
+    snapshots: dict[int, np.ndarray],
+    clusters: list[int | None],
+    label: str = "",
+    cut: float | None = None,
 ) -> None:
     rounds = sorted(snapshots)
     fig, axes = plt.subplots(1, len(rounds), figsize=(3.2 * len(rounds), 3.2), squeeze=False)
     im = None
     for ax, r in zip(axes[0], rounds, strict=True):
-        im = heatmap(ax, snapshots[r], clusters, f"{label} round {r}".strip())
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="w_ij")
+        im = heatmap(ax, snapshots[r], clusters, f"{label} round {r}".strip(), cut)
+    _colorbar(fig, im, axes[0].tolist(), {cut} if cut else set(), 0.8)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
@@ -82,12 +104,13 @@ def write_run_plots(
     plot_curves(curves, {summary["algorithm"]: summary["history"]})
     written.append(curves)
     if snapshots:
-        final = max(snapshots)
+        final, name = max(snapshots), summary["algorithm"]
+        cut = summary.get("collaboration_cut")
         p = plots / "collaboration.png"
-        plot_collaboration(p, {final: snapshots[final]}, clusters, summary["algorithm"])
+        plot_collaboration(p, {final: snapshots[final]}, clusters, name, cut)
         written.append(p)
         p = plots / "collaboration_rounds.png"
-        plot_collaboration(p, snapshots, clusters, summary["algorithm"])
+        plot_collaboration(p, snapshots, clusters, name, cut)
         written.append(p)
     return written
 
@@ -126,10 +149,13 @@ def plot_matrix_grid(
     path: Path,
     snaps: dict[str, dict[int, np.ndarray]],
     clusters: dict[str, list[int | None]] | list[int | None],
+    cuts: dict[str, float | None] | None = None,
 ) -> None:
     """W of every method (rows) at several rounds (columns), as in CoBo's Figure 3.
     ``clusters``: the true clusters of each row's clients (entries of a comparison may
-    have different numbers of clients), or one list for all."""
+    have different numbers of clients), or one list for all. ``cuts``: each method's
+    least weight its update reads (``heatmap``)."""
+    cuts = cuts or {}
     names = list(snaps)
     ncols = max(len(v) for v in snaps.values())
     fig, axes = plt.subplots(
@@ -142,7 +168,8 @@ def plot_matrix_grid(
             ax = axes[i][j]
             if j < len(rounds):
                 own = clusters[name] if isinstance(clusters, dict) else clusters
-                im = heatmap(ax, snaps[name][rounds[j]], own, f"{name} round {rounds[j]}")
+                title = f"{name} round {rounds[j]}"
+                im = heatmap(ax, snaps[name][rounds[j]], own, title, cuts.get(name))
                 if j > 0:  # one axis title per row and column: no label runs into the next
                     ax.set_ylabel("")
                 if i < len(names) - 1:
@@ -150,7 +177,8 @@ def plot_matrix_grid(
             else:
                 ax.axis("off")
     if im is not None:
-        fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6, label="w_ij")
+        drawn = {c for name, c in cuts.items() if c and name in snaps}
+        _colorbar(fig, im, axes.ravel().tolist(), drawn, 0.6)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 

@@ -385,8 +385,8 @@ def tensor_layout(shapes: list[tuple[int, ...]] | list[torch.Size]) -> list[tupl
 def cluster_agreement(W: torch.Tensor | None, clusters: list[int | None]) -> dict[str, float]:
     """Mean off-diagonal W inside (``w_within``) and across (``w_across``) the
     ground-truth clusters, and ``mass_inside``: the share of each row's off-diagonal mass
-    inside its cluster (what the pull sees: many small cross weights add up), averaged
-    over rows with mass; empty without W, without clusters or with one client."""
+    inside its cluster (many small cross weights add up), averaged over rows with mass;
+    empty without W, without clusters or with one client."""
     if W is None or any(c is None for c in clusters) or W.shape[0] < 2:
         return {}
     cl = torch.tensor(clusters)

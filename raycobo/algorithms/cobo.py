@@ -40,7 +40,14 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 
 from raycobo import rng
-from raycobo.algorithms.base import MODELS, Answer, ClientOps, Gradients, Plan
+from raycobo.algorithms.base import (
+    MODELS,
+    Answer,
+    ClientOps,
+    Gradients,
+    Plan,
+    cluster_agreement,
+)
 from raycobo.algorithms.projections import project_box, project_simplex
 from raycobo.algorithms.samplers import SAMPLINGS, EdgeSampler, floor_at
 from raycobo.algorithms.settings import MethodConfig
@@ -406,6 +413,13 @@ class CoBoConfig(MethodConfig):
         if not out["sampling_samples"]:  # the factor's cap, without the factor
             out["sampling_scale_max"] = None
         return out
+
+    def collaboration_cut(self) -> float | None:
+        """The box domain's ``pull_threshold`` (the rule's where null): Eq. (3) leaves W's
+        entries below it out of the pull. None: no threshold (or the simplex domain)."""
+        view = RuleView(self)
+        cut = float(view.pull_threshold or 0.0) if view.domain == "box" else 0.0
+        return cut or None
 
 
 class RuleView:
@@ -1138,8 +1152,7 @@ class CoBo:
 
     def threshold(self) -> float:
         """The pull's threshold on w_ij (box domain; 0: every collaborator counts)."""
-        c = self.cfg
-        return float(c.pull_threshold or 0.0) if c.domain == "box" else 0.0
+        return self.cfg.collaboration_cut() or 0.0
 
     def floor(self, state: CoBoState) -> float:
         """alignment bounded: the least denominator of the cosine (0 otherwise)."""
@@ -1281,10 +1294,23 @@ class CoBo:
         return W
 
     def cluster_agreement(self, state: CoBoState, clusters: list[int | None]) -> dict | None:
-        """Within/across-cluster mean of a sparse W (None: compute it from the dense W)."""
-        if isinstance(state.W, SparseBoxWeights):
-            return state.W.cluster_agreement(clusters)
-        return None
+        """W against the true clusters (``base.cluster_agreement``'s figures; a sparse W
+        without forming it) and, with a pull threshold, ``mass_pulled_inside``: the same
+        share of each row's mass inside its cluster among the weights Eq. (3) reads (the
+        entries at or above the threshold)."""
+        sparse = isinstance(state.W, SparseBoxWeights)
+        W = state.W if sparse else self.collaboration(state)
+
+        def agree(M) -> dict[str, float]:
+            return M.cluster_agreement(clusters) if sparse else cluster_agreement(M, clusters)
+
+        out = agree(W)
+        cut = self.threshold()
+        if out and cut > 0:
+            read = agree(pull_weights(W, "sum", cut))
+            if "mass_inside" in read:
+                out["mass_pulled_inside"] = read["mass_inside"]
+        return out
 
     def artifacts(self, state: CoBoState) -> dict:
         """A sparse W is saved as its stored entries (collaboration_sparse.pt)."""

@@ -27,6 +27,12 @@ class MethodConfig(Section):
         filled in), for records that are searched by value (MLflow params)."""
         return self.model_dump(mode="json")
 
+    def collaboration_cut(self) -> float | None:
+        """The least w_ij the method's update reads (CoBo's pull threshold): W's entries
+        below it are learned but left out of the models' step. None: the whole W is read
+        (or the method has none)."""
+        return None
+
     def pinned(self) -> MethodConfig:
         """These settings with every value the method would choose written out: what a
         run records, so that a later change of a default cannot change it on resume."""

@@ -47,7 +47,8 @@ def write_compare_plots(
             snaps[e] = {x: have[x] for x in want}
     if snaps:
         written.append(pdir / "collaboration.png")
-        plots.plot_matrix_grid(written[-1], snaps, clusters)
+        cuts = {e: first[e].summary.get("collaboration_cut") for e in snaps}
+        plots.plot_matrix_grid(written[-1], snaps, clusters, cuts)
     accs = {
         e: [c["accuracy"] for r in rs for c in r.summary["clients"]] for e, rs in results.items()
     }

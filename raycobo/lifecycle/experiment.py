@@ -247,6 +247,8 @@ def _finish(cfg, session: Session, task: Task, ctx, rs: RunState, found, start, 
         "mean_perplexity": final.get("mean_perplexity"),
         "clients": final["clients"],
         "collaboration": W_np.tolist() if W_np is not None else None,
+        # the least w_ij the update reads (CoBo's pull threshold; null: all of W)
+        "collaboration_cut": cfg.algorithm.collaboration_cut() if W_np is not None else None,
         "cluster_agreement": session.agreement(W),
         "megabytes_sent": rs.bytes_sent / 1e6 if rs.bytes_sent else None,
         "membership": rs.membership,

@@ -201,7 +201,41 @@ def test_a_run_beyond_the_dense_limit_writes_sparse_w(quad_cfg, tmp_path):
     assert not (res.run_dir / "collaboration.npy").exists()
     W = torch.load(res.run_dir / "collaboration_sparse.pt")
     assert W["n"] == 5200 and W["i"].numel() == W["w"].numel() > 0
-    assert set(s["cluster_agreement"]) == {"w_within", "w_across", "mass_inside"}
+    assert set(s["cluster_agreement"]) == {
+        "w_within",
+        "w_across",
+        "mass_inside",
+        "mass_pulled_inside",
+    }
+
+
+def test_the_agreement_gives_the_share_the_pull_reads():
+    """Light cross-cluster weights everywhere: the whole W holds only 0.9 / (0.9 + 2 x
+    0.3) = 0.6 of each row's mass inside its cluster, while the weights Eq. (3) reads
+    (at or above the threshold, 0.5 by rule raycobo) hold all of it. A sparse W gives
+    the same figures; rule paper and the simplex domain have no threshold and no such
+    share; the run's summary records the cut."""
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+
+    clusters = [0, 0, 1, 1]
+    W = torch.full((4, 4), 0.3)
+    W[0, 1] = W[1, 0] = W[2, 3] = W[3, 2] = 0.9
+    W.fill_diagonal_(1.0)
+    algo = CoBo(CoBoConfig(), rounds=10, seed=0)
+    assert CoBoConfig().collaboration_cut() == 0.5 == algo.threshold()
+    dense = algo.cluster_agreement(CoBoState(torch.zeros(4, 1), W), clusters)
+    assert dense["mass_inside"] == pytest.approx(0.6)
+    assert dense["mass_pulled_inside"] == pytest.approx(1.0)
+    keys = torch.tensor([0 * 4 + 1, 2 * 4 + 3])
+    sparse = SparseBoxWeights(4, keys, torch.tensor([0.9, 0.9]), base=0.3, diag=1.0)
+    got = algo.cluster_agreement(CoBoState(torch.zeros(4, 1), sparse), clusters)
+    assert got.keys() == dense.keys()
+    for k in dense:
+        assert got[k] == pytest.approx(dense[k])
+    for cfg in (CoBoConfig(rule="paper"), CoBoConfig(domain="simplex")):
+        assert cfg.collaboration_cut() is None
+        own = CoBo(cfg, rounds=10, seed=0).cluster_agreement(CoBoState(W[:, :1], W), clusters)
+        assert "mass_pulled_inside" not in own and own["mass_inside"] == pytest.approx(0.6)
 
 
 def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path):
