@@ -417,9 +417,13 @@ class CoBoConfig(MethodConfig):
     def collaboration_cut(self) -> float | None:
         """The box domain's ``pull_threshold`` (the rule's where null): Eq. (3) leaves W's
         entries below it out of the pull. None: no threshold (or the simplex domain)."""
-        view = RuleView(self)
-        cut = float(view.pull_threshold or 0.0) if view.domain == "box" else 0.0
-        return cut or None
+        return pull_cut(RuleView(self))
+
+
+def pull_cut(view: CoBoConfig | RuleView) -> float | None:
+    """The pull's threshold on w_ij as ``view`` gives the settings (None: none)."""
+    cut = float(view.pull_threshold or 0.0) if view.domain == "box" else 0.0
+    return cut or None
 
 
 class RuleView:
@@ -1152,7 +1156,7 @@ class CoBo:
 
     def threshold(self) -> float:
         """The pull's threshold on w_ij (box domain; 0: every collaborator counts)."""
-        return self.cfg.collaboration_cut() or 0.0
+        return pull_cut(self.cfg) or 0.0
 
     def floor(self, state: CoBoState) -> float:
         """alignment bounded: the least denominator of the cosine (0 otherwise)."""
