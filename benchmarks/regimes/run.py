@@ -130,40 +130,14 @@ def cell_config(
     return cfg
 
 
-def w_shares(summary: dict, threshold: float = 0.0) -> dict:
-    """W at the end: mean within/across the true clusters and the share of each row's
-    mass inside its own cluster, averaged over rows; with a pull threshold, also that
-    share among the weights the pull reads (entries at or above it)."""
-    import numpy as np
-
-    W, clients = summary.get("collaboration"), summary.get("clients") or []
-    cl = [c.get("cluster") for c in clients]
-    if W is None or any(c is None for c in cl):
-        return {}
-    W = np.array(W, dtype=float)
-    cl = np.array(cl)
-    same = cl[:, None] == cl[None, :]
-    off = ~np.eye(len(cl), dtype=bool)
-    inside, outside = same & off, ~same
-    out = {
-        "w_within": float(W[inside].mean()) if inside.any() else None,
-        "w_across": float(W[outside].mean()) if outside.any() else None,
-        "mass_inside": _share_inside(W, off, inside),
-    }
-    if threshold > 0:
-        pulled = np.where(np.greater_equal(W, threshold), W, 0.0)
-        out["mass_pulled_inside"] = _share_inside(pulled, off, inside)
-    return out
-
-
-def _share_inside(W, off, inside) -> float | None:
-    """Each row's off-diagonal mass inside its cluster over its whole off-diagonal mass,
-    averaged over the rows that have any."""
-    import numpy as np
-
-    mass = (W * off).sum(1)
-    share = np.where(mass > 0, (W * inside).sum(1) / np.maximum(mass, 1e-12), np.nan)
-    return float(np.nanmean(share)) if np.isfinite(share).any() else None
+def w_shares(summary: dict) -> dict:
+    """W at the end as the run reports it (``summary.json`` ``cluster_agreement``): mean
+    within/across the true clusters, the share of each row's mass inside its own
+    cluster (averaged over rows), and with a pull threshold that share among the weights
+    the pull reads (``mass_pulled_inside``); {} without W or clusters."""
+    agree = summary.get("cluster_agreement") or {}
+    keys = ("w_within", "w_across", "mass_inside", "mass_pulled_inside")
+    return {k: agree[k] for k in keys if k in agree}
 
 
 def ran_settings(run_dir: Path) -> dict | None:
@@ -283,7 +257,7 @@ def run_one(job: dict) -> dict:
         "seconds": round(time.perf_counter() - t0, 1),
         "device": job.get("device", "cpu"),
         "settings": settings,
-        **w_shares(summary, float((settings or {}).get("pull_threshold") or 0.0)),
+        **w_shares(summary),
     }
 
 
