@@ -402,6 +402,19 @@ def cluster_agreement(W: torch.Tensor | None, clusters: list[int | None]) -> dic
     return out
 
 
+def agreement_of(
+    algo: Any, state: Any, W: torch.Tensor | None, clusters: list[int | None]
+) -> dict[str, float]:
+    """W's agreement with the true clusters as the algorithm reports it
+    (``KeepsOwnAgreement``: a sparse W, the share the pull reads), else
+    ``cluster_agreement`` of the dense ``W``."""
+    if isinstance(algo, KeepsOwnAgreement):
+        own = algo.cluster_agreement(state, clusters)
+        if own is not None:
+            return own
+    return cluster_agreement(W, clusters)
+
+
 def mass_inside(total: torch.Tensor, inside: torch.Tensor) -> dict[str, float]:
     """{"mass_inside": mean of inside / total over the rows with total > 0} (or {})."""
     has = total > 0

@@ -24,8 +24,7 @@ from raycobo.algorithms.base import (
     Elastic,
     Evaluation,
     ExportsArtifacts,
-    KeepsOwnAgreement,
-    cluster_agreement,
+    agreement_of,
     evaluate,
     expect,
     round_result,
@@ -132,11 +131,7 @@ class LocalSession:
         return W
 
     def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
-        if isinstance(self.algorithm, KeepsOwnAgreement):  # e.g. a sparse W
-            own = self.algorithm.cluster_agreement(self.state, self.clusters)
-            if own is not None:
-                return own
-        return cluster_agreement(W, self.clusters) if W is not None else {}
+        return agreement_of(self.algorithm, self.state, W, self.clusters)
 
     def change_membership(self, kind: str, clients: list[int]) -> None:
         algo = self.algorithm

@@ -13,12 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raycobo.algorithms.base import (
-    Evaluation,
-    KeepsOwnAgreement,
-    StepsInRows,
-    cluster_agreement,
-)
+from raycobo.algorithms.base import Evaluation, StepsInRows, agreement_of
 from raycobo.engine.ray.errors import HostStateLost, actor_lost
 from raycobo.engine.ray.ops import RayClientOps, gather_evaluation
 from raycobo.engine.ray.policies import RoundTiming
@@ -153,11 +148,7 @@ class ResidentRounds:
         return self.algo.collaboration(self._state()).clone()
 
     def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
-        if isinstance(self.algo, KeepsOwnAgreement):  # e.g. the share the pull reads
-            own = self.algo.cluster_agreement(self._state(), self.ops.clusters)
-            if own is not None:
-                return own
-        return cluster_agreement(W, self.ops.clusters)  # resident hosts need a dense W
+        return agreement_of(self.algo, self._state(), W, self.ops.clusters)
 
     def artifacts(self) -> dict[str, Any]:
         return {}
