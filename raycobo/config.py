@@ -613,7 +613,8 @@ RAYCOBO_BEFORE_PINNING = {
 # strategy's rates as set, before sampling_samples, 2026-11-28; no limit on a pair's rise
 # below the pull's threshold, before entry_samples, 2026-11-28; one minibatch per
 # alignment gradient, before alignment_batches, 2026-11-28; pairs sampled from round 0,
-# before sampling_start, 2026-11-28)
+# before sampling_start, 2026-11-28; the weights below the pull's threshold kept as
+# learned, before fade, 2026-11-29)
 COBO_ADDED_LATER = {
     "pull_threshold": 0.0,
     "initial_weight": 1.0,
@@ -625,6 +626,7 @@ COBO_ADDED_LATER = {
     "entry_samples": 1,
     "alignment_batches": 1,
     "sampling_start": 0.0,
+    "fade": 0.0,
 }
 
 

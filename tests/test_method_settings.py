@@ -15,8 +15,11 @@ from raycobo.config import ConfigError, load_config, load_stored_config, with_ov
 from tests.helpers import CHARACTERISTIC, build, run_rounds
 
 # the branches that read every key: CoBo's mixed sampling reads all three constants, its
-# bounded alignment the cosine's floor
-EXTRA = {**CHARACTERISTIC, "cobo": ["algorithm.sampling=mixed", "algorithm.alignment=bounded"]}
+# bounded alignment the cosine's floor, its fade the fade's schedule
+EXTRA = {
+    **CHARACTERISTIC,
+    "cobo": ["algorithm.sampling=mixed", "algorithm.alignment=bounded", "algorithm.fade=0.5"],
+}
 
 
 class ReadLog:

@@ -179,6 +179,8 @@ OFF_AT = {
     "entry_samples": 1,
     "alignment_batches": 1,
     "sampling_start": 0,
+    "fade": 0,
+    "fade_decay": "gamma",  # the fade's only schedule before the key
 }
 
 

@@ -289,13 +289,16 @@ class StepsInRows(Protocol):
        ``midpoints(X_own, X_partner)``, ``stepped(X, members, G)``, ``update_w(W_rows,
        ids, edges, G_i, G_j)`` -> (rows, scores), ``step(X_rows, G, Y_rows, W_rows,
        blocks)`` and ``at``, "stepped" where the step reads the stepped models; optional:
+       ``faded(W_rows)`` -> the rows as the round's W step starts, every round before
+       any ``update_w`` (a decay of W that does not wait for a pair to be sampled),
        ``align_requests(clients, Z, salts)`` -> the gradient rows to request for the
        pairs' ends, and ``align_mean(G)`` -> one gradient per end from their answer), its
        pairs' gradients at their midpoints and its members' at their models, then its
        W rows and its rows' step over the models of the hosts its W rows read
        (``rows_read``);
     3. ``apply_scores(state, edges, scores, t)`` keeps the coordinator's W in step with
-       the hosts', ``stats(losses, E, m)`` gives the round's statistics.
+       the hosts' (after ``faded(state, t)``, every round, where the method has it: the
+       hosts' ``faded``), ``stats(losses, E, m)`` gives the round's statistics.
 
     ``rows_start(ops)`` gives W^0 and the extras the rows state keeps (checkpointed by
     name); ``rows_state(W, active, extras)`` builds it; ``samples_from_w`` says whether

@@ -27,7 +27,11 @@ had (``gamma_decay``: W is learned early, and its late samples -- noisy, or nega
 the models fit their few data -- move it little), and the pull goes toward the
 W-weighted mean of x_i and its collaborators (``pull: mean``: its strength does not
 grow with the number of clients, and many small cross-cluster weights do not add up to
-a pull of their own).
+a pull of their own). Among its other keys (each documented on ``CoBoConfig``): W^0 = 0
+between clients, a threshold below which a weight does not pull, re-checks of the pulled
+pairs, and ``fade`` (off by default): every round the weights below that threshold fall
+a little (in the W step's own decaying unit), so that what one early sample gave a pair
+the pull never reads returns to 0 and W ends holding the collaborators the pull reads.
 """
 
 from __future__ import annotations
@@ -89,6 +93,9 @@ RULES: dict[str, dict[str, object]] = {
         # the score's noise halved in variance for 2x the alignment's gradient work)
         "alignment_batches": 2,
         "sampling_start": 0.0,
+        # off until the regime matrix's test split has run with it (measured on
+        # validation, the seventeenth round: FIDELITY.md)
+        "fade": 0.0,
     },
     "paper": {
         "alignment": "inner",
@@ -108,6 +115,7 @@ RULES: dict[str, dict[str, object]] = {
         "entry_samples": 1,
         "alignment_batches": 1,
         "sampling_start": 0.0,
+        "fade": 0.0,
     },
 }
 # keys that apply only where other keys have these values: written out (pinned, MLflow
@@ -122,6 +130,8 @@ ONLY_WITH: dict[str, dict[str, str]] = {
     "recheck_samples": {"domain": "box"},
     "hold": {"domain": "box"},
     "entry_samples": {"domain": "box"},
+    "fade": {"domain": "box"},
+    "fade_decay": {"domain": "box"},
     "pull_strength": {"pull": "mean", "rho": "auto", "domain": "box"},
 }
 
@@ -176,8 +186,8 @@ class CoBoConfig(MethodConfig):
         default="raycobo",
         description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
         "pull_at, pull_strength, pull_threshold, initial_weight, recheck, recheck_samples, "
-        "mixed_switch, sampling_samples, sampling_scale_max, sampling_start, entry_samples "
-        "and alignment_batches: "
+        "mixed_switch, sampling_samples, sampling_scale_max, sampling_start, entry_samples, "
+        "fade and alignment_batches: "
         "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
     )
     # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
@@ -288,6 +298,27 @@ class CoBoConfig(MethodConfig):
         "noisy early score does not make a collaborator (1: no limit, as Algorithm 1)"
         + _by_rule("entry_samples"),
     )
+    fade: float | None = Field(
+        default=None,
+        ge=0,
+        description="box domain, with pull_threshold: each round every weight below the "
+        "threshold (and above 0) falls by fade * pull_threshold * p_t, p_t a pair's "
+        "sampling rate that round, decayed as gamma is (gamma_decay), whether or not the "
+        "pair is sampled: below the threshold a pair drifts as if it scored "
+        "-fade * pull_threshold / gamma at each of its expected samples, so a weight that "
+        "one early sample left below the threshold, and the pull does not read, returns "
+        "to 0, while a pair whose scores stay above that still climbs (0: weights below "
+        "the threshold stay as learned)" + _by_rule("fade"),
+    )
+    fade_decay: Literal["gamma", "none"] | None = Field(
+        default=None,
+        description="with fade: its loss decayed as gamma is (gamma, the default: the "
+        "drift below the threshold weighs the same against a pair's steps all run long, "
+        "so a client joining late still finds its cluster) or the same each expected "
+        "sample (none: stronger late, when the W step is small; a pair below the "
+        "threshold then needs ever larger scores to climb, and a late joiner's pairs may "
+        "never reach the threshold)",
+    )
     hold: float | None = _share(
         "box domain: the score of a pair the pull reads is raised by this in "
         "Eq. (1) (hysteresis: a collaborator is dropped on evidence that it is not aligned, "
@@ -360,6 +391,8 @@ class CoBoConfig(MethodConfig):
         "recheck_samples",
         "hold",
         "entry_samples",
+        "fade",
+        "fade_decay",
     )
     @classmethod
     def _applies(cls, value: float | None, info: ValidationInfo) -> float | None:
@@ -377,6 +410,10 @@ class CoBoConfig(MethodConfig):
             _needs_positive(info, "recheck")
         if info.field_name == "entry_samples" and value > 1:
             _needs_positive(info, "pull_threshold")
+        if info.field_name == "fade" and value > 0:
+            _needs_positive(info, "pull_threshold")
+        if info.field_name == "fade_decay":
+            _needs_positive(info, "fade")
         return value
 
     @field_validator("sampling_samples", "sampling_scale_max")
@@ -412,6 +449,12 @@ class CoBoConfig(MethodConfig):
             out["sampling_samples"] = None
         if not out["sampling_samples"]:  # the factor's cap, without the factor
             out["sampling_scale_max"] = None
+        if not out["pull_threshold"]:  # nothing below a threshold of 0 to fade
+            out["fade"] = None
+        if not out["fade"]:  # the fade's schedule, without a fade
+            out["fade_decay"] = None
+        elif out["fade_decay"] is None:
+            out["fade_decay"] = "gamma"
         return out
 
     def collaboration_cut(self) -> float | None:
@@ -600,6 +643,18 @@ def pull_weights(W: torch.Tensor, pull: str, threshold: float = 0.0) -> torch.Te
     return W
 
 
+def fade_weights(W: torch.Tensor | SparseBoxWeights, cut: float, amount: float):
+    """W (dense rows, or sparse) with every entry in (0, ``cut``) lowered by ``amount``,
+    at least 0 (``fade``: the weights the pull does not read decay; those at or above the
+    cut, the diagonal among them, and those at 0 stay)."""
+    if amount <= 0 or cut <= 0:
+        return W
+    if isinstance(W, SparseBoxWeights):
+        return W.faded(cut, amount)
+    low = W.gt(0) & W.lt(cut)
+    return torch.where(low, (W - amount).clamp_min(0.0), W)
+
+
 def pulled_pairs(
     W: torch.Tensor | SparseBoxWeights, threshold: float, active: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -759,6 +814,7 @@ class RowStep:
     threshold: float  # the pull's threshold on w_ij
     at: str  # where the pull acts: "current" models x^t or "stepped" x^t - lr g
     batches: int = 1  # the minibatches each alignment gradient averages
+    fade: float = 0.0  # what each weight below the threshold loses this round (``fade``)
 
     @staticmethod
     def midpoints(X_own: torch.Tensor, X_partners: torch.Tensor) -> torch.Tensor:
@@ -789,6 +845,10 @@ class RowStep:
         Y = X.clone()
         Y[members] = stepped_models(X[members], G, self.lr)
         return Y
+
+    def faded(self, W_rows: torch.Tensor) -> torch.Tensor:
+        """The rows after the round's fade (``CoBo.faded``), before Eq. (1)."""
+        return fade_weights(W_rows, self.threshold, self.fade)
 
     def update_w(
         self, W_rows: torch.Tensor, ids: torch.Tensor, edges, G_i, G_j
@@ -890,6 +950,29 @@ class CoBo:
             return None
         return cut / k * (1.0 + 1e-5)
 
+    def fade_at(self, t: int, n: int) -> float:
+        """What each weight below the pull's threshold loses in round t among n present
+        clients: ``fade`` * threshold * p_t, decayed as the W step is (``gamma_at`` /
+        gamma), so that against a pair's own steps it weighs the same all run long: a
+        pair below the threshold still climbs where its mean score exceeds fade *
+        threshold / gamma (a client joining late, or a pair aligned late, can still
+        become a collaborator), and sinks to 0 where it does not (0 without fade or
+        threshold)."""
+        c = self.cfg
+        fade, cut = float(c.fade or 0.0), self.threshold()
+        if not fade or cut <= 0 or c.domain != "box":
+            return 0.0
+        decay = 1.0 if c.fade_decay == "none" else self.gamma_at(t, n) / c.gamma
+        return fade * cut * self.sampler(n).probability(t) * decay
+
+    def faded(self, state: CoBoState, t: int) -> CoBoState:
+        """W^t after round t's fade, which comes first in the round's W step (Eq. 1
+        then acts on the faded weights), whether or not the round samples a pair."""
+        amount = self.fade_at(t, self.present(state))
+        if not amount:
+            return state
+        return replace(state, W=fade_weights(state.W, self.threshold(), amount))
+
     def rows_refusal(self) -> str | None:
         """Why these settings cannot step in rows on hosts (None: they can): a host
         keeps dense W rows, steps without momentum from one shared x^0, W first."""
@@ -921,6 +1004,7 @@ class CoBo:
             self.threshold(),
             c.pull_at,
             int(c.alignment_batches),
+            self.fade_at(t, self.present(state)),
         )
 
     def rows_start(self, ops: ClientOps) -> tuple[torch.Tensor, dict]:
@@ -1181,7 +1265,7 @@ class CoBo:
         salts = torch.cat([p.align_salts, torch.zeros(n, dtype=torch.int64, device=dev)])
         streams = torch.cat([torch.full((A,), rng.ALIGN), torch.full((n,), rng.STEP)])
         G_all, L_all = ops.grads(clients, p.points, t, streams.to(dev), salts)
-        state = self.apply_alignment(state, p.edges, G_all[:A], t)  # Eq. (1)
+        state = self.apply_alignment(self.faded(state, t), p.edges, G_all[:A], t)  # Eq. (1)
         state = self.step(state, p.members, G_all[A:])  # Eq. (3), W^{t+1} and x^t
         return state, self.stats(L_all[A:], E, n)
 
@@ -1190,7 +1274,7 @@ class CoBo:
         gradients at the midpoints of the new models (Eq. 1); two engine requests."""
         members = self.sample_edges(state.active, t, ops.n_clients, state.X.device)[1]
         G, L = ops.grads(members, state.X[members], t, rng.STEP, 0)
-        state = self.step(state, members, G)
+        state = self.faded(self.step(state, members, G), t)
         p = self.plan(state, t, ops)  # the same edges: sampling depends on (seed, t) only
         E = p.edges.shape[0]
         if E:
@@ -1224,8 +1308,9 @@ class CoBo:
         now: Answer | None,
         arrived: list[tuple[Plan, Answer]],
     ) -> tuple[CoBoState, dict]:
-        """Eq. (1) from each arrived round's alignment gradients (at its own round's
-        gamma), then Eq. (3) with this round's model-step gradients."""
+        """This round's fade, Eq. (1) from each arrived round's alignment gradients (at
+        its own round's gamma), then Eq. (3) with this round's model-step gradients."""
+        state = self.faded(state, plan.round)
         applied = 0
         for p, (G_align, _) in arrived:
             state = self.apply_alignment(state, p.keep["edges"], G_align, p.round)

@@ -87,6 +87,20 @@ class SparseBoxWeights:
         base = self.base if self.base >= threshold else 0.0
         return SparseBoxWeights(self.n, self.keys, vals, base, self.w_ii)
 
+    def faded(self, cut: float, amount: float) -> SparseBoxWeights:
+        """A copy with every entry in (0, ``cut``) lowered by ``amount``, at least 0
+        (stored ones and the base; the diagonal stays); entries that reach the new base
+        are dropped."""
+
+        def fade(v: torch.Tensor) -> torch.Tensor:
+            low = v.gt(0) & v.lt(cut)
+            return torch.where(low, (v - amount).clamp_min(0.0), v)
+
+        vals = fade(self.vals)
+        base = float(fade(torch.tensor(self.base, dtype=self.vals.dtype)))
+        keep = vals != base
+        return SparseBoxWeights(self.n, self.keys[keep], vals[keep], base, self.w_ii)
+
     def nonzero_pairs(self) -> torch.Tensor:
         """The stored pairs (P, 2), i < j, sorted, whose w_ij is not 0 (with a base of 0:
         every nonzero off-diagonal entry)."""

@@ -238,11 +238,15 @@ def test_the_agreement_gives_the_share_the_pull_reads():
         assert "mass_pulled_inside" not in own and own["mass_inside"] == pytest.approx(0.6)
 
 
-def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path):
+@pytest.mark.parametrize("fade", [None, "gamma", "none"])
+def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path, fade):
     """Client 5 joins after 40 rounds (it starts outside), client 0 leaves after 20: the
     newcomer's W row ends up on its own cluster (above the pull's threshold there, near
     0 elsewhere) and its model near that cluster's optimum; the leaver's model stops
-    moving and its W entries read 0."""
+    moving and its W entries read 0. So too with W's fade decayed as gamma is; with a
+    fade that is not (``fade_decay: none``) the newcomer, whose pairs step with the
+    round's small gamma, never reaches the threshold (the documented cost of that
+    schedule)."""
     from raycobo.lifecycle.experiment import run_experiment
 
     cfg = quad_cfg(
@@ -252,6 +256,7 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path):
         "eval_every=40",
         "algorithm.sampling=full",
         "schedule=[{round: 40, join: [5]}, {round: 20, leave: [0]}]",
+        *([] if fade is None else ["algorithm.fade=0.5", f"algorithm.fade_decay={fade}"]),
     )
     data, ops, algo = build(cfg)
     state = algo.init(ops)
@@ -272,6 +277,9 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path):
     mates = (cl == cl[5]) & (torch.arange(6) != 5) & (torch.arange(6) != 0)
     others = cl != cl[5]
     W = algo.collaboration(state)
+    if fade == "none":
+        assert float(W[5, mates].max()) < algo.threshold()  # locked out
+        return
     assert float(W[5, mates].min()) >= algo.threshold() > 0  # in the pull
     assert float(W[5, others & (torch.arange(6) != 0)].max()) < 0.1
     assert float(((state.X[5] - data.optima()[5]) ** 2).sum()) < 0.5
@@ -486,7 +494,7 @@ def test_the_pull_threshold_is_a_box_domain_key(tmp_path):
     with pytest.raises(ConfigError, match="algorithm.pull_threshold.*domain: box"):
         load_config(None, ["algorithm.domain=simplex", "algorithm.pull_threshold=0.2"])
     pinned = CoBoConfig().pinned().model_dump(mode="json")
-    del pinned["pull_threshold"]  # what a run pinned before the key existed
+    del pinned["pull_threshold"], pinned["fade"]  # a run pinned before the keys existed
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
     assert load_stored_config(tmp_path / "config.yaml").algorithm.pull_threshold == 0.0
 
@@ -1204,3 +1212,98 @@ def test_sampling_start_samples_no_pair_until_the_models_moved_apart(quad_cfg, t
     assert load_stored_config(tmp_path / "config.yaml").algorithm.sampling_start == 0.0
     with pytest.raises(ConfigError, match="algorithm.sampling_start"):
         load_config(None, ["algorithm.sampling_start=1"])
+
+
+def test_fade_returns_the_weights_below_the_threshold_to_zero(tmp_path):
+    """fade f: every round each weight in (0, threshold) falls by f * threshold * p_t
+    (at least to 0), whether or not its pair is sampled; weights at or above the
+    threshold, the diagonal and zeros stay. Dense, sparse and a host's rows agree; a
+    pair never sampled again is gone after w / (f * threshold * p) rounds of rate p; in a
+    run of two clusters whose cross pairs score low but positive, the whole W ends with
+    every row's mass inside its cluster, as the pull reads it, where without fade it does
+    not. Refused without a threshold or off the box domain; a stored config from before
+    the key kept its weights."""
+    import yaml
+
+    from raycobo.algorithms.cobo import RowStep, fade_weights
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+    from raycobo.config import ConfigError, load_config, load_stored_config
+
+    W = torch.tensor(
+        [
+            [1.0, 0.2, 0.45, 0.0],
+            [0.2, 1.0, 0.5, 0.8],
+            [0.45, 0.5, 1.0, 0.05],
+            [0.0, 0.8, 0.05, 1.0],
+        ]
+    )
+    faded = fade_weights(W, 0.5, 0.1)
+    want = W.clone()
+    want[0, 1] = want[1, 0] = 0.1  # 0.2 - 0.1
+    want[0, 2] = want[2, 0] = 0.35
+    want[2, 3] = want[3, 2] = 0.0  # 0.05 - 0.1, held at 0
+    assert_close(faded, want)
+    assert fade_weights(W, 0.5, 0.0) is W and fade_weights(W, 0.0, 0.1) is W
+    keys = torch.tensor([0 * 4 + 1, 0 * 4 + 2, 1 * 4 + 2, 1 * 4 + 3, 2 * 4 + 3])
+    sparse = SparseBoxWeights(4, keys, W[keys // 4, keys % 4], base=0.0, diag=1.0)
+    out = fade_weights(sparse, 0.5, 0.1)
+    assert_close(out.to_dense(), want)
+    assert out.nnz == 4  # the entry that reached 0 (the base) is no longer stored
+    lifted = SparseBoxWeights(4, keys[:1], torch.tensor([0.9]), base=0.3, diag=1.0)
+    assert fade_weights(lifted, 0.5, 0.1).base == pytest.approx(0.2)  # W^0 below the cut
+    rows = RowStep(0.1, 1.0, None, "box", "bounded", 0.0, "mean", 0.5, "stepped", fade=0.1)
+    assert_close(rows.faded(W[1:3]), want[1:3])
+
+    n, rounds = 10, 400
+    algo = CoBo(CoBoConfig(fade=0.5, sampling="constant", gamma_decay="none"), rounds, seed=0)
+    p = algo.sampler(n).probability(0)
+    assert algo.fade_at(7, n) == pytest.approx(0.5 * 0.5 * p)
+    decayed = CoBo(CoBoConfig(fade=0.5, sampling="constant"), rounds, 0)  # gamma / sqrt(1 + k)
+    k = decayed.sampler(n).expected_samples(7)
+    assert decayed.fade_at(7, n) == pytest.approx(0.5 * 0.5 * p / (1 + k) ** 0.5)
+    assert CoBo(CoBoConfig(), rounds, 0).fade_at(7, n) == 0.0  # off by both rules
+    assert CoBo(CoBoConfig(rule="paper", fade=0), rounds, 0).fade_at(7, n) == 0.0
+    off = CoBoConfig(fade=0.5, pull_threshold=0.2, gamma_decay="none", sampling="constant")
+    assert CoBo(off, rounds, 0).fade_at(7, n) == pytest.approx(0.5 * 0.2 * p)
+    state = CoBoState(torch.zeros(n, 1), torch.eye(n))
+    state.W[0, 1] = state.W[1, 0] = 0.4
+    state.W[2, 3] = state.W[3, 2] = 0.6  # pulled: stays
+    need = 0.4 / (0.5 * 0.5 * p)
+    for t in range(int(need) - 1):
+        state = algo.faded(state, t)
+    assert 0 < float(state.W[0, 1]) < 0.4 and state.W[2, 3] == W.new_tensor(0.6)
+    state = algo.faded(algo.faded(state, 0), 0)
+    assert float(state.W[0, 1]) == 0.0 and state.W[2, 3] == W.new_tensor(0.6)
+
+    with pytest.raises(ConfigError, match="algorithm.fade.*domain"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.fade=0.5"])
+    with pytest.raises(ConfigError, match="algorithm.fade.*pull_threshold"):
+        load_config(None, ["algorithm.pull_threshold=0", "algorithm.fade=0.5"])
+    with pytest.raises(ConfigError, match="algorithm.fade_decay.*algorithm.fade"):
+        load_config(None, ["algorithm.fade_decay=none"])  # without a fade: nothing to decay
+    flat = CoBoConfig(fade=0.5, fade_decay="none", sampling="constant")
+    assert CoBo(flat, rounds, 0).fade_at(7, n) == pytest.approx(0.5 * 0.5 * p)
+    assert load_config(None, ["algorithm.rule=paper"]).algorithm.pinned().fade is None
+    pinned = CoBoConfig(fade=0.5).pinned().model_dump(mode="json")
+    assert pinned["fade_decay"] == "gamma"  # written out where it acts
+    del pinned["fade"], pinned["fade_decay"]  # what a run pinned before the keys existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
+    assert load_stored_config(tmp_path / "config.yaml").algorithm.fade == 0.0
+
+
+def test_fade_leaves_w_with_the_weights_the_pull_reads(digits_cfg):
+    """Digits in two label-permutation clusters of 4, 100 rounds: early samples leave
+    cross-cluster pairs with weights below the pull's threshold, which without fade
+    stay in W to the end (its whole mass inside the clusters well under the pulled
+    share); with fade they return to 0 and the whole W holds what the pull reads."""
+    clusters, out = None, {}
+    for fade in (0.0, 1.0):
+        cfg = digits_cfg(
+            "data.partition.clients_per_cluster=4", "rounds=100", f"algorithm.fade={fade}"
+        )
+        data, ops, algo = build(cfg)
+        clusters = data.clusters
+        out[fade] = algo.cluster_agreement(run_rounds(algo, ops, 100), clusters)
+    assert out[0.0]["mass_inside"] < out[0.0]["mass_pulled_inside"] - 0.03, out
+    assert out[1.0]["mass_inside"] > out[1.0]["mass_pulled_inside"] - 0.01, out
+    assert out[1.0]["mass_inside"] > out[0.0]["mass_inside"] + 0.1, out

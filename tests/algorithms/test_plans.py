@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 PLANNERS = {  # the built-ins that plan their rounds, and the FedProx example plugin
     "cobo": ["algorithm.sampling=full"],
+    # W's fade acts every round, also in the rounds that sample no pair (p = 1/4 of 6)
+    "cobo-fade": ["algorithm.sampling=constant", "algorithm.sampling_c=1", "algorithm.fade=1"],
     "fedavg-1": ["algorithm.name=fedavg"],
     "fedavg-3": ["algorithm.name=fedavg", "algorithm.local_steps=3", "algorithm.client_rate=0.5"],
     "fedavg-ft": ["algorithm.name=fedavg_ft", "algorithm.ft_steps=2", "algorithm.local_steps=2"],
@@ -105,6 +107,8 @@ def test_a_planned_round_is_the_methods_own_round(planner, key):
         b, sb = run_plan(algo, b, t, ops)
         assert {k: sb[k] for k in sa} == sa
     assert torch.equal(algo.eval_params(a), algo.eval_params(b))
+    if getattr(a, "W", None) is not None:
+        assert torch.equal(a.W, b.W)
 
 
 @pytest.mark.parametrize("key", sorted(PLANNERS))
@@ -118,6 +122,8 @@ def test_staleness_zero_is_the_synchronous_round(planner, key):
     for t in range(cfg.rounds):
         state, _ = algo.round(state, t, ops)
     assert torch.equal(policy.models(), algo.eval_params(state))
+    if getattr(state, "W", None) is not None:
+        assert torch.equal(policy.state.W, state.W)
     assert policy.report()["ahead_lag_max"] == 0
 
 

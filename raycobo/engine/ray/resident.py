@@ -367,6 +367,9 @@ class ResidentRounds:
         scores = torch.zeros(E)
         for h, a in zip(hosts, answers, strict=True):
             scores[hi == h] = torch.tensor(np.asarray(a.scores, dtype=np.float32))
+        faded = getattr(self.algo, "faded", None)  # optional in the rows protocol
+        if faded is not None:  # every round, as each host fades its rows
+            self.W = faded(self._state(), p.t).W
         if E:
             self.W = self.algo.apply_scores(self._state(), p.edges, scores, p.t).W  # Eq. (1)
         loss = torch.cat([torch.tensor(np.asarray(a.losses)) for a in answers])

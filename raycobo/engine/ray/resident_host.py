@@ -142,6 +142,9 @@ class ResidentHostImpl(ClientHostImpl):
         blocks = parts[n_grads + 1 :: 2]
         edges = torch.as_tensor(np.asarray(req.edges), dtype=torch.int64).reshape(-1, 2)
         scores = torch.zeros(0, device=self.device)
+        faded = getattr(hp, "faded", None)  # optional in the row-step protocol
+        if faded is not None:  # every round, before Eq. (1)
+            self.W = faded(self.W)
         if edges.shape[0]:  # Eq. (1) on this host's W rows
             G_i, G_j = self._rows_of(grads, req.at_i), self._rows_of(grads, req.at_j)
             self.W, scores = hp.update_w(self.W, self.ids, edges, G_i, G_j)

@@ -312,7 +312,9 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
         assert_close(W_s, W_l, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("task", ["quadratic", "recheck", "current", "batches", "start", "digits"])
+@pytest.mark.parametrize(
+    "task", ["quadratic", "recheck", "current", "batches", "start", "digits", "fade"]
+)
 def test_host_resident_cobo_matches_the_local_engine(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, digits_cfg, task
 ):
@@ -321,8 +323,10 @@ def test_host_resident_cobo_matches_the_local_engine(
     CoBo's recheck at 0.5 too (round t's pairs then read W^t: no round is sent ahead),
     with the pull on the current models (the default pulls the stepped ones, which
     phase 1 publishes), with each alignment gradient averaged over 2 minibatches
-    (the hosts request and average them), and with no pair sampled in the first half of
-    the rounds (sampling_start; recheck's draws start with the sampler's)."""
+    (the hosts request and average them), with no pair sampled in the first half of
+    the rounds (sampling_start; recheck's draws start with the sampler's), and with
+    fade (every round the hosts' rows and the coordinator's W lower the weights below
+    the threshold alike)."""
     if task in ("quadratic", "recheck", "current", "batches", "start"):
         over = {"algorithm.name": "cobo", "rounds": 6}
         if task == "recheck":
@@ -343,6 +347,7 @@ def test_host_resident_cobo_matches_the_local_engine(
             "algorithm.sampling=constant",
             "algorithm.sampling_c=2",
             f"engine.timeout_s={TIMEOUT}",
+            *(["algorithm.fade=1"] if task == "fade" else []),
         )
     cfg = with_overrides(cfg, {"engine.rounds": "resident"})
     _, report = ray_matches_local(cfg, 6)
