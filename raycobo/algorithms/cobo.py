@@ -1340,7 +1340,8 @@ class CoBo:
 
     def leave(self, state: CoBoState, clients: list[int]) -> CoBoState:
         """Clients leave: they stop training and collaborating; their models and W
-        entries are kept (a returning client resumes its model)."""
+        entries are kept (a returning client resumes its model; with ``fade`` its weights
+        below the pull's threshold fade while it is away, as every other's do)."""
         self._check_elastic(state)
         active = _active(state.active, state.X.shape[0], state.X.device)
         active[torch.as_tensor(clients, device=active.device)] = False
