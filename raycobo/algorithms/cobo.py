@@ -55,7 +55,7 @@ from raycobo.algorithms.base import (
 from raycobo.algorithms.projections import project_box, project_simplex
 from raycobo.algorithms.samplers import SAMPLINGS, EdgeSampler, floor_at
 from raycobo.algorithms.settings import MethodConfig
-from raycobo.algorithms.sparse_weights import SparseBoxWeights
+from raycobo.algorithms.sparse_weights import SparseBoxWeights, fade_below
 from raycobo.settings import ConfigError, Section
 
 Sampling = Literal[tuple(SAMPLINGS)]  # the strategies samplers.py registers
@@ -651,8 +651,7 @@ def fade_weights(W: torch.Tensor | SparseBoxWeights, cut: float, amount: float):
         return W
     if isinstance(W, SparseBoxWeights):
         return W.faded(cut, amount)
-    low = W.gt(0) & W.lt(cut)
-    return torch.where(low, (W - amount).clamp_min(0.0), W)
+    return fade_below(W, cut, amount)
 
 
 def pulled_pairs(

@@ -21,6 +21,13 @@ import torch
 from raycobo.algorithms.base import mass_inside
 
 
+def fade_below(v: torch.Tensor, cut: float, amount: float) -> torch.Tensor:
+    """``v`` with its entries in (0, ``cut``) lowered by ``amount``, at least 0 (CoBo's
+    ``fade``; dense W rows and a sparse W's stored values alike)."""
+    low = v.gt(0) & v.lt(cut)
+    return torch.where(low, (v - amount).clamp_min(0.0), v)
+
+
 @dataclass
 class SparseBoxWeights:
     n: int
@@ -91,13 +98,8 @@ class SparseBoxWeights:
         """A copy with every entry in (0, ``cut``) lowered by ``amount``, at least 0
         (stored ones and the base; the diagonal stays); entries that reach the new base
         are dropped."""
-
-        def fade(v: torch.Tensor) -> torch.Tensor:
-            low = v.gt(0) & v.lt(cut)
-            return torch.where(low, (v - amount).clamp_min(0.0), v)
-
-        vals = fade(self.vals)
-        base = float(fade(torch.tensor(self.base, dtype=self.vals.dtype)))
+        vals = fade_below(self.vals, cut, amount)
+        base = float(fade_below(torch.tensor(self.base, dtype=self.vals.dtype), cut, amount))
         keep = vals != base
         return SparseBoxWeights(self.n, self.keys[keep], vals[keep], base, self.w_ii)
 
