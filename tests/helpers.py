@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+
 # Settings under which every registered algorithm shows its whole round in a few rounds
 # of a tiny task (fine-tuning, pruning and trust updates happen; sketches fit the MLP).
 # the small digits task of most engine and algorithm tests (the digits_cfg fixture)
@@ -168,3 +172,29 @@ class StopAt:
 
     def on_run_end(self, ctx, summary):
         pass
+
+
+def final_state(run_dir: Path) -> dict:
+    """The algorithm state in a run directory's latest checkpoint (plain data)."""
+    from raycobo.lifecycle import checkpoint as ckpt
+
+    found = ckpt.latest_checkpoint(run_dir / "checkpoints")
+    assert found is not None
+    return ckpt.read_checkpoint(found[1])["algo_state"]
+
+
+def assert_trees_equal(a, b, where="state"):
+    """Two state trees (``raycobo.state``) equal bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
+        assert torch.equal(a, b), f"{where}: max diff {(a.double() - b.double()).abs().max()}"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_trees_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_trees_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a} != {b}"

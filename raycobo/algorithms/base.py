@@ -124,7 +124,9 @@ class Elastic(Protocol):
 
     def leave(self, state: Any, clients: list[int]) -> Any: ...
 
-    def join(self, state: Any, clients: list[int]) -> Any: ...
+    def join(self, state: Any, clients: list[int], t: int) -> Any:
+        """``clients`` join before round t (0-based)."""
+        ...
 
 
 @runtime_checkable
@@ -301,7 +303,9 @@ class StepsInRows(Protocol):
        hosts' ``faded``), ``stats(losses, E, m)`` gives the round's statistics.
 
     ``rows_start(ops)`` gives W^0 and the extras the rows state keeps (checkpointed by
-    name); ``rows_state(W, active, extras)`` builds it; ``samples_from_w`` says whether
+    name); ``rows_state(W, active, extras)`` builds it, and the optional
+    ``rows_extras(state)`` gives a state's extras back (after a membership change that
+    may set some: CoBo's joiners' clocks); ``samples_from_w`` says whether
     round t's pairs read W^t; ``updates_whole_rows`` whether a pair's update may change
     every entry of its two rows (a projection onto the simplex), not only its own two;
     ``rows_refusal`` why the method's settings cannot run so (None: they can)."""

@@ -29,9 +29,11 @@ W-weighted mean of x_i and its collaborators (``pull: mean``: its strength does 
 grow with the number of clients, and many small cross-cluster weights do not add up to
 a pull of their own). Among its other keys (each documented on ``CoBoConfig``): W^0 = 0
 between clients, a threshold below which a weight does not pull, re-checks of the pulled
-pairs, and ``fade`` (off by default): every round the weights below that threshold fall
-a little (in the W step's own decaying unit), so that what one early sample gave a pair
+pairs, and ``fade``: every round the weights below that threshold fall a little (half
+the threshold per expected sample of a pair), so that what one early sample gave a pair
 the pull never reads returns to 0 and W ends holding the collaborators the pull reads.
+A client that joins late has its pairs' W step restart its decay (``PairClock``), so it
+finds its cluster against that fade as the first rounds' clients did.
 """
 
 from __future__ import annotations
@@ -93,9 +95,12 @@ RULES: dict[str, dict[str, object]] = {
         # the score's noise halved in variance for 2x the alignment's gradient work)
         "alignment_batches": 2,
         "sampling_start": 0.0,
-        # off until the regime matrix's test split has run with it (measured on
-        # validation, the seventeenth round: FIDELITY.md)
-        "fade": 0.0,
+        # weights below the threshold fall by 0.5 * threshold * p_t every round, the same
+        # all run long (the eighteenth round, chosen on validation: the whole W's mass
+        # inside the clusters >= 0.9 on every cell; a late joiner's pairs step on their
+        # own clock, PairClock)
+        "fade": 0.5,
+        "fade_decay": "none",
     },
     "paper": {
         "alignment": "inner",
@@ -116,6 +121,7 @@ RULES: dict[str, dict[str, object]] = {
         "alignment_batches": 1,
         "sampling_start": 0.0,
         "fade": 0.0,
+        "fade_decay": "none",  # acts only with a fade (set by hand under this rule)
     },
 }
 # keys that apply only where other keys have these values: written out (pinned, MLflow
@@ -187,7 +193,7 @@ class CoBoConfig(MethodConfig):
         description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
         "pull_at, pull_strength, pull_threshold, initial_weight, recheck, recheck_samples, "
         "mixed_switch, sampling_samples, sampling_scale_max, sampling_start, entry_samples, "
-        "fade and alignment_batches: "
+        "fade, fade_decay and alignment_batches: "
         "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
     )
     # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
@@ -312,12 +318,13 @@ class CoBoConfig(MethodConfig):
     )
     fade_decay: Literal["gamma", "none"] | None = Field(
         default=None,
-        description="with fade: its loss decayed as gamma is (gamma, the default: the "
-        "drift below the threshold weighs the same against a pair's steps all run long, "
-        "so a client joining late still finds its cluster) or the same each expected "
-        "sample (none: stronger late, when the W step is small; a pair below the "
-        "threshold then needs ever larger scores to climb, and a late joiner's pairs may "
-        "never reach the threshold)",
+        description="with fade: its loss the same at each expected sample (none: stronger "
+        "late, when the W step is small, so that what early samples left below the "
+        "threshold returns to 0 within the run; a pair below the threshold needs ever "
+        "larger scores to climb, except a late joiner's, whose pairs step on their own "
+        "clock) or decayed as gamma is (gamma: the drift below the threshold weighs the "
+        "same against a pair's steps all run long, and leaves more of W outside the "
+        "clusters)" + _by_rule("fade_decay"),
     )
     hold: float | None = _share(
         "box domain: the score of a pair the pull reads is raised by this in "
@@ -453,8 +460,6 @@ class CoBoConfig(MethodConfig):
             out["fade"] = None
         if not out["fade"]:  # the fade's schedule, without a fade
             out["fade_decay"] = None
-        elif out["fade_decay"] is None:
-            out["fade_decay"] = "gamma"
         return out
 
     def collaboration_cut(self) -> float | None:
@@ -511,6 +516,9 @@ class CoBoState:
     M: torch.Tensor | None = None  # (n, d) the model step's gradient average (momentum)
     # alignment bounded: the mean squared norm of the clients' gradients at x^0, ()
     scale: torch.Tensor | None = None
+    # (n,) int64: the round before which each client last joined (0: from the start;
+    # None: no client has joined since) -- each pair's own clock (``PairClock``)
+    joined: torch.Tensor | None = None
 
 
 def initial_weights(
@@ -526,23 +534,56 @@ def initial_weights(
     return W
 
 
+def _decay(k: torch.Tensor | float, kind: str):
+    """gamma_decay's divisor after k expected samples: sqrt(1 + k) or 1 + k."""
+    if kind == "sqrt":
+        return torch.sqrt(1.0 + k) if isinstance(k, torch.Tensor) else math.sqrt(1.0 + k)
+    return 1.0 + k
+
+
+@dataclass(frozen=True)
+class PairClock:
+    """gamma_decay counted on each pair's own clock where clients joined late: a pair's
+    k_t is the expected samples it has had since the later of its two clients (last)
+    joined, so a newcomer's pairs step as a pair does at the start of a run (the round's
+    gamma, from the run's k_t, times ``boost``), not with the small gamma of a pair
+    sampled for hundreds of rounds. The recheck's pulled-pair step is raised by the same
+    ratio."""
+
+    now: float  # k_t: the expected samples before this round since the run started
+    born: torch.Tensor  # (n,) the expected samples before each client's (last) join
+    kind: str  # gamma_decay: "sqrt" or "linear"
+
+    def boost(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """(E,) the pairs (i, j)'s gamma over the round's: decay(k_t) / decay(k_t - b),
+        b the pair's expected samples before its later client joined (1 for a pair
+        present from the start)."""
+        born = self.born.to(i.device)
+        since = (self.now - torch.maximum(born[i], born[j])).clamp_min(0.0)
+        return _decay(self.now, self.kind) / _decay(since, self.kind)
+
+
 @dataclass(frozen=True)
 class WStep:
     """Eq. (1)'s step in one round: ``gamma``, and ``pulled`` for the pairs the pull
     reads (w_ij >= ``cut``; > 0 with no cut), which ``recheck`` samples more often than
     the sampler does (``CoBo.w_step``), their scores raised by ``hold``; ``pulled``
     None: ``gamma`` for every pair. ``rise``: the most a pair below ``cut`` gains in one
-    step (``entry_samples``; None: no limit)."""
+    step (``entry_samples``; None: no limit). ``clock``: pairs whose clients joined late
+    step on their own clock (``PairClock``; None: every pair on the run's)."""
 
     gamma: float
     pulled: float | None = None
     cut: float = 0.0
     hold: float = 0.0
     rise: float | None = None
+    clock: PairClock | None = None
 
-    def move(self, current: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Each sampled pair's change before the projection, from its weight before the
-        step and its score."""
+    def move(
+        self, current: torch.Tensor, scores: torch.Tensor, i: torch.Tensor, j: torch.Tensor
+    ) -> torch.Tensor:
+        """Each sampled pair (i, j)'s change before the projection, from its weight
+        before the step and its score."""
         if self.pulled is None:
             move = self.gamma * scores
         else:
@@ -553,6 +594,8 @@ class WStep:
             if self.hold:
                 scores = torch.where(read, scores + self.hold, scores)
             move = step * scores
+        if self.clock is not None:
+            move = move * self.clock.boost(i, j).to(move.dtype)
         if self.rise is None:
             return move
         return torch.where(current.lt(self.cut), move.clamp_max(self.rise), move)
@@ -569,7 +612,7 @@ def update_weights(
     if isinstance(W, SparseBoxWeights):
         i, j = edges[:, 0], edges[:, 1]
         current = W.get(i, j)
-        move = _w_step(gamma).move(current, scores.to(W.vals.dtype))
+        move = _w_step(gamma).move(current, scores.to(W.vals.dtype), i, j)
         return W.update(i, j, project_box(current + move))
     rows = torch.arange(W.shape[0], device=W.device)
     return update_weight_rows(W, rows, edges, scores, gamma, domain)
@@ -598,11 +641,13 @@ def update_weight_rows(
     W = W_rows.clone()
     if domain == "box":  # W stays symmetric: w_ij = w_ji, updated together
         current = torch.where(a, W[pi.clamp_min(0), j], W[pj.clamp_min(0), i])
-        w = project_box(current + gamma.move(current, scores))
+        w = project_box(current + gamma.move(current, scores, i, j))
         W[pi[a], j[a]] = w[a]
         W[pj[b], i[b]] = w[b]
         return W
     step = gamma.gamma * scores  # the simplex domain has no pulled-pair step
+    if gamma.clock is not None:
+        step = step * gamma.clock.boost(i, j).to(step.dtype)
     W[pi[a], j[a]] += step[a]
     W[pj[b], i[b]] += step[b]
     touched = torch.unique(torch.cat([pi[a], pj[b]]))
@@ -939,6 +984,26 @@ class CoBo:
             return WStep(gamma, cut=cut, rise=rise)  # the cut acts only with a rise
         return WStep(gamma, pulled, cut, hold, rise)
 
+    def pair_clock(self, state: CoBoState, t: int) -> PairClock | None:
+        """Round t's clocks of the pairs whose later client joined after the start
+        (``PairClock``); None where every pair's is the run's (no late joiner, or gamma
+        not decayed)."""
+        c = self.cfg
+        if state.joined is None or c.gamma_decay == "none" or not bool(state.joined.gt(0).any()):
+            return None
+        sampler = self.sampler(self.present(state))
+        rounds = state.joined.cpu()
+        born = torch.zeros(rounds.shape, dtype=torch.float64)
+        for r in torch.unique(rounds).tolist():  # the few rounds clients joined at
+            born[rounds == r] = sampler.expected_samples(int(r))
+        return PairClock(sampler.expected_samples(t), born, c.gamma_decay)
+
+    def step_in(self, state: CoBoState, t: int) -> WStep:
+        """Round t's Eq. (1) step for ``state``'s pairs: ``w_step`` on each pair's clock."""
+        step = self.w_step(t, self.present(state))
+        clock = self.pair_clock(state, t)
+        return step if clock is None else replace(step, clock=clock)
+
     def entry_rise(self) -> float | None:
         """``entry_samples`` k > 1 as the most a pair below the pull's threshold gains in
         one W step: just above threshold / k, so that k steps at it reach the threshold
@@ -995,7 +1060,7 @@ class CoBo:
         return RowStep(
             c.lr,
             self.penalty(state.X.shape[0]),
-            self.w_step(t, self.present(state)),
+            self.step_in(state, t),
             c.domain,
             c.alignment,
             self.floor(state),
@@ -1015,7 +1080,22 @@ class CoBo:
 
     def rows_state(self, W: torch.Tensor, active: torch.Tensor | None, extras: dict) -> CoBoState:
         """W and membership as a CoBoState (the models stay in the hosts)."""
-        return CoBoState(torch.empty(W.shape[0], 0), W, active, scale=extras.get("scale"))
+        return CoBoState(
+            torch.empty(W.shape[0], 0),
+            W,
+            active,
+            scale=extras.get("scale"),
+            joined=extras.get("joined"),
+        )
+
+    @staticmethod
+    def rows_extras(state: CoBoState) -> dict:
+        """The extras of ``rows_state`` that ``state`` holds (after a join: the pairs'
+        clocks)."""
+        out = {"scale": state.scale}
+        if state.joined is not None:
+            out["joined"] = state.joined
+        return out
 
     def rows_read(self, W: torch.Tensor) -> torch.Tensor:
         """The entries Eq. (3) reads: w_ij > 0 and at least the pull's threshold."""
@@ -1208,7 +1288,7 @@ class CoBo:
 
     def apply_scores(self, state: CoBoState, edges, scores: torch.Tensor, t: int) -> CoBoState:
         """Eq. (1) from round t's scores of the sampled pairs."""
-        step = self.w_step(t, self.present(state))
+        step = self.step_in(state, t)
         return replace(state, W=update_weights(state.W, edges, scores, step, self.cfg.domain))
 
     def step(self, state: CoBoState, members: torch.Tensor, G: torch.Tensor) -> CoBoState:
@@ -1346,15 +1426,20 @@ class CoBo:
         active[torch.as_tensor(clients, device=active.device)] = False
         return replace(state, active=active)
 
-    def join(self, state: CoBoState, clients: list[int]) -> CoBoState:
-        """Clients join: their W row and column restart at W^0 (box: ``initial_weight``,
-        w_ii = 1; simplex: uniform over the present others, and the others' rows give them
-        weight 0 until sampled)."""
+    def join(self, state: CoBoState, clients: list[int], t: int) -> CoBoState:
+        """Clients join before round t: their W row and column restart at W^0 (box:
+        ``initial_weight``, w_ii = 1; simplex: uniform over the present others, and the
+        others' rows give them weight 0 until sampled), and their pairs' W step restarts
+        its decay (``PairClock``: a newcomer's pairs are learned as the first rounds'
+        are)."""
         self._check_elastic(state)
         n = state.X.shape[0]
         active = _active(state.active, n, state.X.device)
         new = torch.as_tensor(clients, device=active.device)
         active[new] = True
+        joined = state.joined
+        joined = torch.zeros(n, dtype=torch.int64) if joined is None else joined.clone()
+        joined[new.cpu()] = int(t)
         W = state.W.clone()
         if self.cfg.domain == "box":
             W[new, :] = self.cfg.initial_weight
@@ -1368,7 +1453,7 @@ class CoBo:
                 others[k] = False
                 W[k, others] = 1.0 / max(int(others.sum()), 1)
                 others[k] = True
-        return replace(state, W=W, active=active)
+        return replace(state, W=W, active=active, joined=joined)
 
     def eval_params(self, state: CoBoState) -> torch.Tensor:
         return state.X

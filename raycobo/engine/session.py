@@ -64,8 +64,8 @@ class Session(Protocol):
         """Mean W inside and across the ground-truth clusters (``w_within``/``w_across``)."""
         ...
 
-    def change_membership(self, kind: str, clients: list[int]) -> None:
-        """``kind`` 'join' or 'leave' before the next round (only when ``elastic``)."""
+    def change_membership(self, kind: str, clients: list[int], t: int) -> None:
+        """``kind`` 'join' or 'leave' before round t, the next (only when ``elastic``)."""
         ...
 
     def snapshot(self) -> Any:
@@ -133,10 +133,13 @@ class LocalSession:
     def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
         return agreement_of(self.algorithm, self.state, W, self.clusters)
 
-    def change_membership(self, kind: str, clients: list[int]) -> None:
+    def change_membership(self, kind: str, clients: list[int], t: int) -> None:
         algo = self.algorithm
         assert isinstance(algo, Elastic), "the run checks session.elastic first"
-        self.state = (algo.join if kind == "join" else algo.leave)(self.state, list(clients))
+        if kind == "join":
+            self.state = algo.join(self.state, list(clients), t)
+        else:
+            self.state = algo.leave(self.state, list(clients))
 
     def snapshot(self) -> Any:
         return state_tree(self.state)

@@ -120,7 +120,7 @@ def change_membership(
             "joining or leaving (cobo has)"
         )
     rs.membership.append({"round": t, "event": kind, "clients": list(ids)})
-    session.change_membership(kind, list(ids))
+    session.change_membership(kind, list(ids), t)
 
 
 class Loop:

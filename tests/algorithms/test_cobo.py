@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -238,15 +239,17 @@ def test_the_agreement_gives_the_share_the_pull_reads():
         assert "mass_pulled_inside" not in own and own["mass_inside"] == pytest.approx(0.6)
 
 
-@pytest.mark.parametrize("fade", [None, "gamma", "none"])
+@pytest.mark.parametrize("fade", [None, "gamma", "off"])
 def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path, fade):
     """Client 5 joins after 40 rounds (it starts outside), client 0 leaves after 20: the
     newcomer's W row ends up on its own cluster (above the pull's threshold there, near
     0 elsewhere) and its model near that cluster's optimum; the leaver's model stops
-    moving and its W entries read 0. So too with W's fade decayed as gamma is; with a
-    fade that is not (``fade_decay: none``) the newcomer, whose pairs step with the
-    round's small gamma, never reaches the threshold (the documented cost of that
-    schedule)."""
+    moving and its W entries read 0. So with the defaults' fade (the same loss all run
+    long), with a fade decayed as gamma is, and without one: the newcomer's pairs step on
+    their own clock (``PairClock``), with the gamma of a run's first rounds, not the
+    round's (which after 40 rounds of full sampling is gamma / sqrt(41): against the
+    defaults' fade a cosine below fade * threshold * sqrt(41) / gamma = 0.53 would never
+    reach the threshold)."""
     from raycobo.lifecycle.experiment import run_experiment
 
     cfg = quad_cfg(
@@ -256,7 +259,7 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path, fade):
         "eval_every=40",
         "algorithm.sampling=full",
         "schedule=[{round: 40, join: [5]}, {round: 20, leave: [0]}]",
-        *([] if fade is None else ["algorithm.fade=0.5", f"algorithm.fade_decay={fade}"]),
+        *{None: [], "gamma": ["algorithm.fade_decay=gamma"], "off": ["algorithm.fade=0"]}[fade],
     )
     data, ops, algo = build(cfg)
     state = algo.init(ops)
@@ -268,18 +271,27 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path, fade):
             x0_at_leave = state.X[0].clone()
         if t == 40:
             assert torch.equal(state.X[5], ops.initial_params())  # untouched while away
-            state = algo.join(state, [5])
+            assert algo.pair_clock(state, t) is None  # no late joiner yet
+            state = algo.join(state, [5], t)
             w0 = algo.cfg.initial_weight  # W^0 again: 1 on the diagonal, W^0 elsewhere
             assert state.W[5, 5] == 1 and bool((state.W[5, :5] == w0).all())
             assert bool((state.W[:5, 5] == w0).all())
+            assert state.joined.tolist() == [0, 0, 0, 0, 0, 40]
+        if t in (40, 60):  # the newcomer's pairs: the gamma of their own samples
+            step = algo.step_in(state, t)
+            k_run = algo.sampler(5).expected_samples(t)
+            k_pair = k_run - algo.sampler(5).expected_samples(40)
+            i, j = torch.tensor([1, 2, 4]), torch.tensor([5, 3, 5])
+            assert step.gamma == pytest.approx(algo.cfg.gamma / math.sqrt(1 + k_run))
+            boost = step.clock.boost(i, j)
+            assert boost.tolist() == pytest.approx(
+                [math.sqrt((1 + k_run) / (1 + k_pair)), 1.0, math.sqrt((1 + k_run) / (1 + k_pair))]
+            )
         state, stats = algo.round(state, t, ops)
     cl = torch.tensor(ops.clusters)
     mates = (cl == cl[5]) & (torch.arange(6) != 5) & (torch.arange(6) != 0)
     others = cl != cl[5]
     W = algo.collaboration(state)
-    if fade == "none":
-        assert float(W[5, mates].max()) < algo.threshold()  # locked out
-        return
     assert float(W[5, mates].min()) >= algo.threshold() > 0  # in the pull
     assert float(W[5, others & (torch.arange(6) != 0)].max()) < 0.1
     assert float(((state.X[5] - data.optima()[5]) ** 2).sum()) < 0.5
@@ -293,6 +305,24 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path, fade):
         {"round": 40, "event": "join", "clients": [5]},
     ]
     assert_close(torch.tensor(res.summary["collaboration"]), W.float(), atol=1e-5, rtol=1e-5)
+
+
+def test_a_run_with_a_late_joiner_resumes_bit_exactly(quad_cfg, tmp_path):
+    """The joiner's clock (the round it joined) is in the checkpoint: a run cut after the
+    join resumes to the uninterrupted run's W and models, bit for bit."""
+    from raycobo.lifecycle.experiment import resume_config, run_experiment
+    from tests.helpers import StopAt, assert_trees_equal, final_state
+
+    cfg = quad_cfg("rounds=12", "eval_every=4", "schedule=[{round: 3, join: [5]}]")
+    whole = run_experiment(cfg, tmp_path / "whole")
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "cut", [StopAt(10, KeyboardInterrupt())])
+    again = run_experiment(resume_config(tmp_path / "cut"), tmp_path / "cut", resume=True)
+    assert again.summary["resumed_from_round"] == 8
+    state = final_state(tmp_path / "cut")
+    assert state["fields"]["joined"].tolist() == [0, 0, 0, 0, 0, 3, 0, 0]
+    assert_trees_equal(final_state(tmp_path / "whole"), state)
+    assert again.summary["collaboration"] == whole.summary["collaboration"]
 
 
 def test_schedules_name_their_key(quad_cfg, tmp_path):
@@ -494,7 +524,7 @@ def test_the_pull_threshold_is_a_box_domain_key(tmp_path):
     with pytest.raises(ConfigError, match="algorithm.pull_threshold.*domain: box"):
         load_config(None, ["algorithm.domain=simplex", "algorithm.pull_threshold=0.2"])
     pinned = CoBoConfig().pinned().model_dump(mode="json")
-    del pinned["pull_threshold"], pinned["fade"]  # a run pinned before the keys existed
+    del pinned["pull_threshold"], pinned["fade"], pinned["fade_decay"]  # pinned before the keys
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
     assert load_stored_config(tmp_path / "config.yaml").algorithm.pull_threshold == 0.0
 
@@ -1258,10 +1288,15 @@ def test_fade_returns_the_weights_below_the_threshold_to_zero(tmp_path):
     algo = CoBo(CoBoConfig(fade=0.5, sampling="constant", gamma_decay="none"), rounds, seed=0)
     p = algo.sampler(n).probability(0)
     assert algo.fade_at(7, n) == pytest.approx(0.5 * 0.5 * p)
-    decayed = CoBo(CoBoConfig(fade=0.5, sampling="constant"), rounds, 0)  # gamma / sqrt(1 + k)
+    decayed = CoBoConfig(fade=0.5, fade_decay="gamma", sampling="constant")
+    decayed = CoBo(decayed, rounds, 0)  # gamma / sqrt(1 + k)
     k = decayed.sampler(n).expected_samples(7)
     assert decayed.fade_at(7, n) == pytest.approx(0.5 * 0.5 * p / (1 + k) ** 0.5)
-    assert CoBo(CoBoConfig(), rounds, 0).fade_at(7, n) == 0.0  # off by both rules
+    # the default: 0.5, not decayed; off under rule paper
+    assert CoBo(CoBoConfig(sampling="constant"), rounds, 0).fade_at(7, n) == pytest.approx(
+        0.5 * 0.5 * p
+    )
+    assert CoBo(CoBoConfig(rule="paper"), rounds, 0).fade_at(7, n) == 0.0
     assert CoBo(CoBoConfig(rule="paper", fade=0), rounds, 0).fade_at(7, n) == 0.0
     off = CoBoConfig(fade=0.5, pull_threshold=0.2, gamma_decay="none", sampling="constant")
     assert CoBo(off, rounds, 0).fade_at(7, n) == pytest.approx(0.5 * 0.2 * p)
@@ -1280,12 +1315,12 @@ def test_fade_returns_the_weights_below_the_threshold_to_zero(tmp_path):
     with pytest.raises(ConfigError, match="algorithm.fade.*pull_threshold"):
         load_config(None, ["algorithm.pull_threshold=0", "algorithm.fade=0.5"])
     with pytest.raises(ConfigError, match="algorithm.fade_decay.*algorithm.fade"):
-        load_config(None, ["algorithm.fade_decay=none"])  # without a fade: nothing to decay
+        load_config(None, ["algorithm.fade=0", "algorithm.fade_decay=none"])  # nothing to decay
     flat = CoBoConfig(fade=0.5, fade_decay="none", sampling="constant")
     assert CoBo(flat, rounds, 0).fade_at(7, n) == pytest.approx(0.5 * 0.5 * p)
     assert load_config(None, ["algorithm.rule=paper"]).algorithm.pinned().fade is None
-    pinned = CoBoConfig(fade=0.5).pinned().model_dump(mode="json")
-    assert pinned["fade_decay"] == "gamma"  # written out where it acts
+    pinned = CoBoConfig().pinned().model_dump(mode="json")
+    assert (pinned["fade"], pinned["fade_decay"]) == (0.5, "none")  # written out where it acts
     del pinned["fade"], pinned["fade_decay"]  # what a run pinned before the keys existed
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
     assert load_stored_config(tmp_path / "config.yaml").algorithm.fade == 0.0

@@ -20,31 +20,9 @@ from raycobo.config import ConfigError, with_overrides
 from raycobo.lifecycle import checkpoint as ckpt
 from raycobo.lifecycle.callbacks import BaseCallback
 from raycobo.lifecycle.experiment import RunFailed, resume_config, run_experiment
-from tests.helpers import StopAt, short_run
+from tests.helpers import StopAt, assert_trees_equal, final_state, short_run
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _final_state(run_dir: Path) -> dict:
-    found = ckpt.latest_checkpoint(run_dir / "checkpoints")
-    assert found is not None
-    return ckpt.read_checkpoint(found[1])["algo_state"]
-
-
-def assert_trees_equal(a, b, where="state"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
-        assert torch.equal(a, b), f"{where}: max diff {(a.double() - b.double()).abs().max()}"
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_trees_equal(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_trees_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a} != {b}"
 
 
 def _digits(digits_cfg, name: str):
@@ -64,7 +42,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, digits_cfg, name
     assert cut["checkpoint"].endswith("round_000002.pt")
     again = run_experiment(resume_config(tmp_path / "cut"), tmp_path / "cut", resume=True)
     assert again.summary["resumed_from_round"] == 2
-    assert_trees_equal(_final_state(tmp_path / "whole"), _final_state(tmp_path / "cut"))
+    assert_trees_equal(final_state(tmp_path / "whole"), final_state(tmp_path / "cut"))
     for key in ("mean_loss", "mean_accuracy", "clients", "collaboration", "megabytes_sent"):
         assert again.summary[key] == whole.summary[key], key
     strip = lambda h: [{k: v for k, v in r.items() if k != "wall"} for r in h]  # noqa: E731

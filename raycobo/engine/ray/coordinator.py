@@ -122,8 +122,8 @@ class CoordinatorImpl:
         return self.policy.artifacts()
 
     @_between_rounds
-    def change_membership(self, kind: str, clients: list[int]) -> None:
-        self.policy.change_membership(kind, clients)
+    def change_membership(self, kind: str, clients: list[int], t: int) -> None:
+        self.policy.change_membership(kind, clients, t)
 
     @_between_rounds
     def snapshot(self) -> dict[str, Any]:

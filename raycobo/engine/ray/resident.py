@@ -153,13 +153,19 @@ class ResidentRounds:
     def artifacts(self) -> dict[str, Any]:
         return {}
 
-    def change_membership(self, kind: str, clients: list[int]) -> None:
-        """W rows and columns change: the round ahead is rolled back and every host
-        gets its new rows."""
+    def change_membership(self, kind: str, clients: list[int], t: int) -> None:
+        """W rows and columns change before round t: the round ahead is rolled back and
+        every host gets its new rows."""
         self._roll_back()
         algo = self.algo
-        state = (algo.join if kind == "join" else algo.leave)(self._state(), clients)
+        if kind == "join":
+            state = algo.join(self._state(), clients, t)
+        else:
+            state = algo.leave(self._state(), clients)
         self.W, self.active = state.W, state.active
+        extras = getattr(algo, "rows_extras", None)  # optional in the rows protocol
+        if extras is not None:
+            self.extras = extras(state)
         self._load_hosts(None)
 
     def drop(self, clients: list[int], t: int) -> None:

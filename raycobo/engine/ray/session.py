@@ -139,8 +139,8 @@ class RaySession:
     def agreement(self, W: torch.Tensor | None) -> dict[str, float]:
         return self._get(self.coordinator.agreement.remote(W))
 
-    def change_membership(self, kind: str, clients: list[int]) -> None:
-        self._get(self.coordinator.change_membership.remote(kind, list(clients)))
+    def change_membership(self, kind: str, clients: list[int], t: int) -> None:
+        self._get(self.coordinator.change_membership.remote(kind, list(clients), t))
 
     def snapshot(self) -> dict[str, Any]:
         return self._get(self.coordinator.snapshot.remote())

@@ -465,16 +465,16 @@ def test_interrupted_ray_run_resumes_to_the_uninterrupted_numbers(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, tmp_path, resident
 ):
     """A checkpoint of the Ray engine holds the coordinator's state (resident hosts hand
-    over their models); resuming from it ends where an uninterrupted run ends."""
+    over their models; CoBo's W and its late joiner's clock); resuming from it ends where
+    an uninterrupted run ends."""
     import json
 
     from raycobo.lifecycle.experiment import resume_config, run_experiment
     from tests.helpers import StopAt
 
-    cfg = with_overrides(
-        quad_cfg_module,
-        {"algorithm.name": "cobo", "engine.rounds": MODE[resident], "rounds": 8, "eval_every": 3},
-    )
+    over = {"algorithm.name": "cobo", "engine.rounds": MODE[resident], "rounds": 8}
+    over.update({"eval_every": 3, "schedule": [{"round": 2, "join": [4]}]})
+    cfg = with_overrides(quad_cfg_module, over)
     whole = run_experiment(cfg, tmp_path / "whole")
     with pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, tmp_path / "cut", [StopAt(5, KeyboardInterrupt())])
