@@ -97,8 +97,8 @@ RULES: dict[str, dict[str, object]] = {
         "sampling_start": 0.0,
         # weights below the threshold fall by 0.5 * threshold * p_t every round, the same
         # all run long (the eighteenth round, chosen on validation: the whole W's mass
-        # inside the clusters >= 0.9 on every cell; a late joiner's pairs step on their
-        # own clock, PairClock)
+        # inside the clusters >= 0.9 on every cell it ran; a late joiner's pairs step on
+        # their own clock, PairClock)
         "fade": 0.5,
         "fade_decay": "none",
     },
@@ -961,8 +961,7 @@ class CoBo:
         c = self.cfg
         if c.gamma_decay == "none":
             return c.gamma
-        k = self.sampler(n).expected_samples(t, floor)
-        return c.gamma / (math.sqrt(1.0 + k) if c.gamma_decay == "sqrt" else 1.0 + k)
+        return c.gamma / _decay(self.sampler(n).expected_samples(t, floor), c.gamma_decay)
 
     def w_step(self, t: int, n: int) -> WStep:
         """Round t's Eq. (1) step: ``gamma_at``, and where ``recheck`` samples the pairs
@@ -1016,12 +1015,13 @@ class CoBo:
 
     def fade_at(self, t: int, n: int) -> float:
         """What each weight below the pull's threshold loses in round t among n present
-        clients: ``fade`` * threshold * p_t, decayed as the W step is (``gamma_at`` /
-        gamma), so that against a pair's own steps it weighs the same all run long: a
-        pair below the threshold still climbs where its mean score exceeds fade *
-        threshold / gamma (a client joining late, or a pair aligned late, can still
-        become a collaborator), and sinks to 0 where it does not (0 without fade or
-        threshold)."""
+        clients: ``fade`` * threshold * p_t (0 without fade or threshold). With
+        ``fade_decay: none`` (rule raycobo's) the same all run long: a pair below the
+        threshold climbs where its mean score exceeds fade * threshold / gamma_t, more as
+        gamma_t shrinks, so what early samples left there returns to 0 within the run
+        (a late joiner's pairs step with their own clock's gamma, ``PairClock``); with
+        ``gamma``, decayed as the W step is (``gamma_at`` / gamma): the same bar, fade *
+        threshold / gamma, all run long."""
         c = self.cfg
         fade, cut = float(c.fade or 0.0), self.threshold()
         if not fade or cut <= 0 or c.domain != "box":
