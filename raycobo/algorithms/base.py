@@ -129,6 +129,13 @@ class Elastic(Protocol):
         ...
 
 
+def change_members(algo: Elastic, state: Any, kind: str, clients: list[int], t: int) -> Any:
+    """``state`` after ``clients`` join before round t (``kind`` 'join') or leave."""
+    if kind == "join":
+        return algo.join(state, clients, t)
+    return algo.leave(state, clients)
+
+
 @runtime_checkable
 class EvaluatesItself(Protocol):
     """Predicts with something other than one model per client (FedeRiCo's mixture)."""

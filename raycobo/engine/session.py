@@ -25,6 +25,7 @@ from raycobo.algorithms.base import (
     Evaluation,
     ExportsArtifacts,
     agreement_of,
+    change_members,
     evaluate,
     expect,
     round_result,
@@ -136,10 +137,7 @@ class LocalSession:
     def change_membership(self, kind: str, clients: list[int], t: int) -> None:
         algo = self.algorithm
         assert isinstance(algo, Elastic), "the run checks session.elastic first"
-        if kind == "join":
-            self.state = algo.join(self.state, list(clients), t)
-        else:
-            self.state = algo.leave(self.state, list(clients))
+        self.state = change_members(algo, self.state, kind, list(clients), t)
 
     def snapshot(self) -> Any:
         return state_tree(self.state)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raycobo.algorithms.base import Evaluation, StepsInRows, agreement_of
+from raycobo.algorithms.base import Evaluation, StepsInRows, agreement_of, change_members
 from raycobo.engine.ray.errors import HostStateLost, actor_lost
 from raycobo.engine.ray.ops import RayClientOps, gather_evaluation
 from raycobo.engine.ray.policies import RoundTiming
@@ -158,10 +158,7 @@ class ResidentRounds:
         every host gets its new rows."""
         self._roll_back()
         algo = self.algo
-        if kind == "join":
-            state = algo.join(self._state(), clients, t)
-        else:
-            state = algo.leave(self._state(), clients)
+        state = change_members(algo, self._state(), kind, clients, t)
         self.W, self.active = state.W, state.active
         extras = getattr(algo, "rows_extras", None)  # optional in the rows protocol
         if extras is not None:
