@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from raycobo.bench.workers import die_with_parent
 from raycobo.comparison import run_compare
 from raycobo.config import load_config, load_stored_config
 
@@ -114,7 +115,9 @@ def run_claims(claims: list[dict], out: Path, seeds: list[int], jobs: int) -> li
     cpus = max(1, (os.cpu_count() or 1) // jobs)
     heaviest = sorted(claims, key=lambda c: -c.get("minutes", 5))
     # spawn: each worker imports torch afresh with its own thread count
-    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        jobs, mp_context=get_context("spawn"), initializer=die_with_parent
+    ) as pool:
         futures = {pool.submit(_job, c, out, seeds, cpus): c["id"] for c in heaviest}
         failed = []
         for f, cid in futures.items():

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import yaml
 
+from raycobo.bench.workers import die_with_parent
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 VALIDATION = 0.2  # share of each client's training data held out with --split validation
@@ -348,7 +350,9 @@ def execute(jobs: list[dict], results: Path, n_jobs: int, threads: int | None = 
     threads = threads or max(1, (os.cpu_count() or 1) // n_jobs)
     with (
         results.open("a") as f,
-        ProcessPoolExecutor(n_jobs, mp_context=get_context("spawn")) as pool,
+        ProcessPoolExecutor(
+            n_jobs, mp_context=get_context("spawn"), initializer=die_with_parent
+        ) as pool,
     ):
         futures = [pool.submit(_worker, j, threads) for j in jobs]
         for k, fut in enumerate(futures, 1):
