@@ -614,7 +614,8 @@ RAYCOBO_BEFORE_PINNING = {
 # below the pull's threshold, before entry_samples, 2026-11-28; one minibatch per
 # alignment gradient, before alignment_batches, 2026-11-28; pairs sampled from round 0,
 # before sampling_start, 2026-11-28; the weights below the pull's threshold kept as
-# learned, before fade, 2026-11-29)
+# learned, before fade, 2026-11-29; no proposals of a collaborator's collaborator, before
+# closure, 2026-11-29)
 COBO_ADDED_LATER = {
     "pull_threshold": 0.0,
     "initial_weight": 1.0,
@@ -627,6 +628,7 @@ COBO_ADDED_LATER = {
     "alignment_batches": 1,
     "sampling_start": 0.0,
     "fade": 0.0,
+    "closure": 0.0,
 }
 
 

@@ -183,6 +183,7 @@ OFF_AT = {
     "sampling_start": 0,
     "fade": 0,
     "fade_decay": "gamma",  # the fade's only schedule before the key
+    "closure": 0,
 }
 
 

@@ -33,7 +33,10 @@ pairs, and ``fade``: every round the weights below that threshold fall a little 
 the threshold per expected sample of a pair), so that what one early sample gave a pair
 the pull never reads returns to 0 and W ends holding the collaborators the pull reads.
 A client that joins late has its pairs' W step restart its decay (``PairClock``), so it
-finds its cluster against that fade as the first rounds' clients did.
+finds its cluster against that fade as the first rounds' clients did. ``closure``
+(off by default) adds to a round's pairs some two pulled steps apart (a collaborator's
+collaborator), so that a cluster's pairs whose few early samples scored low are
+measured again while the scores still tell.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ RULES: dict[str, dict[str, object]] = {
         # their own clock, PairClock)
         "fade": 0.5,
         "fade_decay": "none",
+        "closure": 0.0,
     },
     "paper": {
         "alignment": "inner",
@@ -122,6 +126,7 @@ RULES: dict[str, dict[str, object]] = {
         "sampling_start": 0.0,
         "fade": 0.0,
         "fade_decay": "none",  # acts only with a fade (set by hand under this rule)
+        "closure": 0.0,
     },
 }
 # keys that apply only where other keys have these values: written out (pinned, MLflow
@@ -138,6 +143,7 @@ ONLY_WITH: dict[str, dict[str, str]] = {
     "entry_samples": {"domain": "box"},
     "fade": {"domain": "box"},
     "fade_decay": {"domain": "box"},
+    "closure": {"domain": "box"},
     "pull_strength": {"pull": "mean", "rho": "auto", "domain": "box"},
 }
 
@@ -193,7 +199,7 @@ class CoBoConfig(MethodConfig):
         description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
         "pull_at, pull_strength, pull_threshold, initial_weight, recheck, recheck_samples, "
         "mixed_switch, sampling_samples, sampling_scale_max, sampling_start, entry_samples, "
-        "fade, fade_decay and alignment_batches: "
+        "fade, fade_decay, closure and alignment_batches: "
         "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
     )
     # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
@@ -326,6 +332,15 @@ class CoBoConfig(MethodConfig):
         "same against a pair's steps all run long, and leaves more of W outside the "
         "clusters)" + _by_rule("fade_decay"),
     )
+    closure: float | None = _share(
+        "box domain, with pull_threshold: each round each present client with a "
+        "collaborator the pull reads proposes, with this probability, one client two such "
+        "steps away (a collaborator's collaborator, each step uniform among the pulled "
+        "pairs), and that pair is sampled too where the pull does not read it yet: a "
+        "cluster's pairs whose few early samples scored low are measured again while "
+        "scores still tell (at most one extra pair per client a round; 0: off)"
+        + _by_rule("closure"),
+    )
     hold: float | None = _share(
         "box domain: the score of a pair the pull reads is raised by this in "
         "Eq. (1) (hysteresis: a collaborator is dropped on evidence that it is not aligned, "
@@ -400,6 +415,7 @@ class CoBoConfig(MethodConfig):
         "entry_samples",
         "fade",
         "fade_decay",
+        "closure",
     )
     @classmethod
     def _applies(cls, value: float | None, info: ValidationInfo) -> float | None:
@@ -417,7 +433,7 @@ class CoBoConfig(MethodConfig):
             _needs_positive(info, "recheck")
         if info.field_name == "entry_samples" and value > 1:
             _needs_positive(info, "pull_threshold")
-        if info.field_name == "fade" and value > 0:
+        if info.field_name in ("fade", "closure") and value > 0:
             _needs_positive(info, "pull_threshold")
         if info.field_name == "fade_decay":
             _needs_positive(info, "fade")
@@ -456,8 +472,9 @@ class CoBoConfig(MethodConfig):
             out["sampling_samples"] = None
         if not out["sampling_samples"]:  # the factor's cap, without the factor
             out["sampling_scale_max"] = None
-        if not out["pull_threshold"]:  # nothing below a threshold of 0 to fade
+        if not out["pull_threshold"]:  # nothing below a threshold of 0 to fade or close
             out["fade"] = None
+            out["closure"] = None
         if not out["fade"]:  # the fade's schedule, without a fade
             out["fade_decay"] = None
         return out
@@ -714,7 +731,8 @@ def pulled_pairs(
         raise ConfigError(
             f"invalid config key 'algorithm.recheck': with a sparse W every pair at W^0 "
             f"({read.base:g}) is pulled, so all n^2 / 2 would be re-sampled; set "
-            "algorithm.initial_weight below algorithm.pull_threshold, or recheck: 0"
+            "algorithm.initial_weight below algorithm.pull_threshold, or recheck: 0 "
+            "(and closure: 0)"
         )
     if active is not None:
         present = active.to(pairs.device)
@@ -1210,9 +1228,52 @@ class CoBo:
 
     def samples_from_w(self, t: int, n: int) -> bool:
         """Whether round t's pairs among n present clients depend on W^t (``recheck``
-        above the sampler's own rate): an engine must then sample round t only once
+        above the sampler's own rate, or ``closure``): an engine must then sample round t only once
         round t - 1's W is known."""
-        return max(self.recheck_rate(t, n), self.recheck_rate(t, n, unsettled=True)) > 0
+        rechecks = max(self.recheck_rate(t, n), self.recheck_rate(t, n, unsettled=True))
+        return rechecks > 0 or self.closure_rate(t, n) > 0
+
+    def closure_rate(self, t: int, n: int) -> float:
+        """The probability that a present client proposes a collaborator's collaborator
+        in round t (``closure``; 0 off the box domain, without a threshold, or before the
+        sampler's first round)."""
+        c = self.cfg
+        if c.domain != "box" or not c.closure or not self.threshold():
+            return 0.0
+        return 0.0 if t < self.sampler(n).start_round() else float(c.closure)
+
+    def closure_pairs(self, W, pairs: torch.Tensor, t: int, n: int) -> torch.Tensor:
+        """Round t's ``closure`` proposals: each client i with a pulled pair (``pairs``,
+        the pairs the pull reads among the present clients, on the CPU), with
+        probability ``closure_rate``, picks a pulled partner j uniformly, then j's
+        pulled partner k uniformly (draws seeded by (seed, round), one triple per
+        client of W whoever is present); the pair (i, k) is kept where k != i and the
+        pull does not read it yet. -> (C, 2), i < j (possibly repeated)"""
+        rate = self.closure_rate(t, n)
+        if rate <= 0 or pairs.numel() == 0:
+            return pairs.new_zeros((0, 2))
+        size = W.shape[0]
+        src = torch.cat([pairs[:, 0], pairs[:, 1]])
+        dst = torch.cat([pairs[:, 1], pairs[:, 0]])
+        order = torch.argsort(src * size + dst)  # each client's partners, ascending
+        src, dst = src[order], dst[order]
+        degree = torch.bincount(src, minlength=size)
+        first = torch.cumsum(degree, 0) - degree
+        draw = torch.rand(size, 3, generator=rng.generator(self.seed, rng.CLOSURE, t))
+        who = torch.nonzero(draw[:, 0].lt(rate) & degree.gt(0)).flatten()
+
+        def partner(of: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+            d = degree[of]
+            return dst[first[of] + (u * d).long().clamp_max(d - 1)]
+
+        mid = partner(who, draw[who, 1])
+        far = partner(mid, draw[who, 2])
+        keep = far.ne(who)
+        i, k = who[keep], far[keep]
+        w = W.get(i, k) if isinstance(W, SparseBoxWeights) else W[i, k]
+        unread = w.cpu().lt(self.threshold())
+        i, k = i[unread], k[unread]
+        return torch.stack([torch.minimum(i, k), torch.maximum(i, k)], dim=1)
 
     def with_rechecks(
         self, edges: torch.Tensor, W, active: torch.Tensor | None, t: int, n: int
@@ -1220,11 +1281,12 @@ class CoBo:
         """``edges`` and, each with probability ``recheck_rate`` (seeded by (seed,
         round)), the pairs the pull reads in W^t: a pair that one early sample (say,
         while the models still shared x^0) made a collaborator is measured again, and
-        Eq. (1) takes it back out if it is not aligned. -> (E', 2), i < j, sorted,
+        Eq. (1) takes it back out if it is not aligned; with ``closure``, the pairs two
+        pulled steps apart that ``closure_pairs`` proposes. -> (E', 2), i < j, sorted,
         distinct"""
         rate = self.recheck_rate(t, n)
         loose = self.recheck_rate(t, n, unsettled=True)
-        if max(rate, loose) <= 0:
+        if max(rate, loose) <= 0 and self.closure_rate(t, n) <= 0:
             return edges
         size = W.shape[0]
         pairs = pulled_pairs(W, self.threshold(), active).cpu()
@@ -1239,6 +1301,7 @@ class CoBo:
             chosen = pairs[draw < rates]
         else:
             chosen = pairs[draw < rate]
+        chosen = torch.cat([chosen, self.closure_pairs(W, pairs, t, n)])
         keys = torch.cat(
             [
                 edges[:, 0] * size + edges[:, 1],

@@ -793,6 +793,56 @@ def test_recheck_unsettled_resamples_the_pulled_pairs_still_inside_the_box():
         load_config(None, ["algorithm.domain=simplex", "algorithm.recheck_unsettled=0.1"])
 
 
+def test_closure_proposes_a_collaborators_collaborator_dense_and_sparse():
+    """closure: each client with a pulled pair proposes, with probability closure a
+    round, a client two pulled steps away; only such pairs are added, never one the
+    pull reads already nor one through a client that left; dense and sparse W give the
+    same pairs; the rate of a proposal is the two uniform steps' (here 1 - (1 - 1/2)(1 -
+    1/4) for (0, 2): 0 reaches 2 through 1 half the time, 2 reaches 0 a quarter)."""
+    from raycobo.algorithms.sparse_weights import SparseBoxWeights
+    from raycobo.config import ConfigError, load_config
+
+    n = 12
+    edges = torch.tensor([[0, 1], [1, 2], [2, 3], [7, 9], [4, 5]])
+    scores = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.2])  # (4, 5) below the threshold
+    sparse = update_weights(SparseBoxWeights.initial(n, 0.0), edges, scores, 1.0, "box")
+    dense = sparse.to_dense()
+    keys = {"sampling_c": 1.0, "sampling_samples": 0.0, "recheck": 0.0}
+
+    def sampled(W, t, active=None, **more):
+        algo = CoBo(CoBoConfig(**keys, **more), rounds=300, seed=0)
+        return {tuple(e) for e in algo.sample_edges(active, t, n, W=W)[0].tolist()}
+
+    two_steps = {(0, 2), (1, 3)}
+    seen = {p: 0 for p in two_steps}
+    for t in range(300):
+        plain = sampled(None, t)
+        got = sampled(dense, t, closure=1.0)
+        assert got == sampled(sparse, t, closure=1.0)
+        assert plain <= got and got - plain <= two_steps
+        for p in got - plain:
+            seen[p] += 1
+        assert sampled(dense, t, closure=0.0) == plain
+    # 0.625 of the rounds, less those whose sampler draws the pair itself: 0.57
+    assert 0.5 < seen[(0, 2)] / 300 < 0.65
+    assert 0.5 < seen[(1, 3)] / 300 < 0.65
+    gone = torch.ones(n, dtype=torch.bool)
+    gone[1] = False  # 0 and 2 share only client 1, who left
+    for t in range(50):
+        # (1, 3) has client 1 too, and 2 and 3 reach only each other: nothing is proposed
+        assert sampled(dense, t, gone, closure=1.0) == sampled(None, t, gone)
+    algo = CoBo(CoBoConfig(closure=0.2, **{**keys, "recheck_samples": None}), 10, 0)
+    algo_off = CoBo(CoBoConfig(**keys), 10, 0)
+    assert algo.samples_from_w(0, n) and not algo_off.samples_from_w(0, n)
+    for bad, name in (
+        (["algorithm.pull_threshold=0"], "pull_threshold > 0"),
+        (["algorithm.rule=paper"], "pull_threshold > 0"),
+        (["algorithm.domain=simplex"], "domain"),
+    ):
+        with pytest.raises(ConfigError, match=f"algorithm.closure.*{name}"):
+            load_config(None, [*bad, "algorithm.closure=0.1"])
+
+
 def test_hold_raises_the_scores_of_the_pairs_the_pull_reads_only():
     """hold: in Eq. (1) a pair the pull reads (w_ij >= the threshold) moves by its step
     times (score + hold), any other pair by its step times its score; dense rows and a
@@ -1342,3 +1392,29 @@ def test_fade_leaves_w_with_the_weights_the_pull_reads(digits_cfg):
     assert out[0.0]["mass_inside"] < out[0.0]["mass_pulled_inside"] - 0.03, out
     assert out[1.0]["mass_inside"] > out[1.0]["mass_pulled_inside"] - 0.01, out
     assert out[1.0]["mass_inside"] > out[0.0]["mass_inside"] + 0.1, out
+
+
+def test_closure_completes_the_clusters_the_sampler_leaves_half_measured(digits_cfg):
+    """Digits in two label-permutation clusters of 8, each pair sampled about 6 times in
+    100 rounds: without closure the pull reads 40 of the 56 pairs inside the clusters
+    at the end (those whose few early samples scored low stay out); with each client
+    proposing a collaborator's collaborator every round almost all, and still none
+    across the clusters."""
+    pulled = {}
+    for closure in (0.0, 1.0):
+        cfg = digits_cfg(
+            "data.partition.clients_per_cluster=8",
+            "rounds=100",
+            "algorithm.sampling=constant",
+            "algorithm.sampling_c=1",
+            f"algorithm.closure={closure}",
+        )
+        data, ops, algo = build(cfg)
+        W = run_rounds(algo, ops, 100).W
+        cl = torch.as_tensor(data.clusters)
+        same = cl[:, None] == cl[None, :]
+        off = ~torch.eye(len(cl), dtype=torch.bool)
+        read = W.ge(algo.threshold())
+        pulled[closure] = (int((read & same & off).sum()) // 2, int((read & ~same).sum()) // 2)
+    assert pulled[1.0][0] >= pulled[0.0][0] + 8, pulled
+    assert pulled[1.0][0] >= 50 and pulled[1.0][1] == 0 and pulled[0.0][1] == 0, pulled

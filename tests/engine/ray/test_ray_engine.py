@@ -313,7 +313,7 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
 
 
 @pytest.mark.parametrize(
-    "task", ["quadratic", "recheck", "current", "batches", "start", "digits", "fade"]
+    "task", ["quadratic", "recheck", "current", "batches", "start", "digits", "fade", "closure"]
 )
 def test_host_resident_cobo_matches_the_local_engine(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, digits_cfg, task
@@ -326,7 +326,8 @@ def test_host_resident_cobo_matches_the_local_engine(
     (the hosts request and average them), with no pair sampled in the first half of
     the rounds (sampling_start; recheck's draws start with the sampler's), and with
     fade (every round the hosts' rows and the coordinator's W lower the weights below
-    the threshold alike)."""
+    the threshold alike), and with closure (round t's pairs two pulled steps apart,
+    drawn by the coordinator from W^t)."""
     if task in ("quadratic", "recheck", "current", "batches", "start"):
         over = {"algorithm.name": "cobo", "rounds": 6}
         if task == "recheck":
@@ -348,6 +349,7 @@ def test_host_resident_cobo_matches_the_local_engine(
             "algorithm.sampling_c=2",
             f"engine.timeout_s={TIMEOUT}",
             *(["algorithm.fade=1"] if task == "fade" else []),
+            *(["algorithm.closure=1"] if task == "closure" else []),
         )
     cfg = with_overrides(cfg, {"engine.rounds": "resident"})
     _, report = ray_matches_local(cfg, 6)
