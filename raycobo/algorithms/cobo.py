@@ -435,6 +435,11 @@ class CoBoConfig(MethodConfig):
             _needs_positive(info, "pull_threshold")
         if info.field_name in ("fade", "closure") and value > 0:
             _needs_positive(info, "pull_threshold")
+        if info.field_name == "closure" and value > 0 and info.data.get("sampling") == "full":
+            raise ValueError(
+                "applies to a sampling that skips pairs, not full (every pair every round: "
+                "it would do nothing): drop it"
+            )
         if info.field_name == "fade_decay":
             _needs_positive(info, "fade")
         return value

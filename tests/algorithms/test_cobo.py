@@ -838,6 +838,7 @@ def test_closure_proposes_a_collaborators_collaborator_dense_and_sparse():
         (["algorithm.pull_threshold=0"], "pull_threshold > 0"),
         (["algorithm.rule=paper"], "pull_threshold > 0"),
         (["algorithm.domain=simplex"], "domain"),
+        (["algorithm.sampling=full"], "not full"),
     ):
         with pytest.raises(ConfigError, match=f"algorithm.closure.*{name}"):
             load_config(None, [*bad, "algorithm.closure=0.1"])
