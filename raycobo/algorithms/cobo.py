@@ -159,6 +159,16 @@ def _needs_positive(info: ValidationInfo, key: str) -> None:
         )
 
 
+def _needs_skipped_pairs(info: ValidationInfo) -> None:
+    """Refuse the key being validated with ``sampling: full``: every pair is sampled every
+    round, so it would do nothing."""
+    if info.data.get("sampling") == "full":
+        raise ValueError(
+            "applies to a sampling that skips pairs, not full (every pair every round: it "
+            "would do nothing): drop it"
+        )
+
+
 class SwitchAfter(Section):
     """mixed sampling's constant phase, as a number of samples of each pair (in
     expectation) instead of a share of the rounds."""
@@ -435,11 +445,8 @@ class CoBoConfig(MethodConfig):
             _needs_positive(info, "pull_threshold")
         if info.field_name in ("fade", "closure") and value > 0:
             _needs_positive(info, "pull_threshold")
-        if info.field_name == "closure" and value > 0 and info.data.get("sampling") == "full":
-            raise ValueError(
-                "applies to a sampling that skips pairs, not full (every pair every round: "
-                "it would do nothing): drop it"
-            )
+        if info.field_name == "closure" and value > 0:
+            _needs_skipped_pairs(info)
         if info.field_name == "fade_decay":
             _needs_positive(info, "fade")
         return value
@@ -452,11 +459,8 @@ class CoBoConfig(MethodConfig):
         if value is None:
             return value
         if info.field_name == "sampling_samples":
-            if value and info.data.get("sampling") == "full":
-                raise ValueError(
-                    "applies to a sampling that skips pairs, not full (every pair every "
-                    "round: it would do nothing): drop it"
-                )
+            if value:
+                _needs_skipped_pairs(info)
             return value
         _needs_positive(info, "sampling_samples")
         return value
