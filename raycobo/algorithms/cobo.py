@@ -1301,16 +1301,16 @@ class CoBo:
         pairs = pulled_pairs(W, self.threshold(), active).cpu()
         if pairs.numel() == 0:
             return edges
-        gen = rng.generator(self.seed, rng.RECHECK, t)
-        draw = torch.rand(pairs.shape[0], generator=gen)
-        if loose != rate:  # the pairs whose weight is still inside the box
-            i, j = pairs[:, 0], pairs[:, 1]
-            w = W.get(i, j) if isinstance(W, SparseBoxWeights) else W[i, j]
-            rates = torch.where(w.cpu() < 1, loose, rate)
-            chosen = pairs[draw < rates]
-        else:
-            chosen = pairs[draw < rate]
-        chosen = torch.cat([chosen, self.closure_pairs(W, pairs, t, n)])
+        chosen = self.closure_pairs(W, pairs, t, n)
+        if max(rate, loose) > 0:  # the re-checks' own draw (closure alone: none)
+            draw = torch.rand(pairs.shape[0], generator=rng.generator(self.seed, rng.RECHECK, t))
+            if loose != rate:  # the pairs whose weight is still inside the box
+                i, j = pairs[:, 0], pairs[:, 1]
+                w = W.get(i, j) if isinstance(W, SparseBoxWeights) else W[i, j]
+                rates = torch.where(w.cpu() < 1, loose, rate)
+                chosen = torch.cat([pairs[draw < rates], chosen])
+            else:
+                chosen = torch.cat([pairs[draw < rate], chosen])
         keys = torch.cat(
             [
                 edges[:, 0] * size + edges[:, 1],
