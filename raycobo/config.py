@@ -615,7 +615,8 @@ RAYCOBO_BEFORE_PINNING = {
 # alignment gradient, before alignment_batches, 2026-11-28; pairs sampled from round 0,
 # before sampling_start, 2026-11-28; the weights below the pull's threshold kept as
 # learned, before fade, 2026-11-29; no proposals of a collaborator's collaborator, before
-# closure, 2026-11-29)
+# closure, 2026-11-29; the same fade at every number of clients, before fade_clients,
+# 2026-11-29)
 COBO_ADDED_LATER = {
     "pull_threshold": 0.0,
     "initial_weight": 1.0,
@@ -628,6 +629,7 @@ COBO_ADDED_LATER = {
     "alignment_batches": 1,
     "sampling_start": 0.0,
     "fade": 0.0,
+    "fade_clients": 0,
     "closure": 0.0,
 }
 

@@ -213,6 +213,21 @@ def test_rows_from_before_the_sample_count_keys_count_where_they_change_nothing(
     assert not regimes.same_settings(changed, now, small)  # another key differs too
 
 
+def test_rows_without_fade_clients_count_where_the_cell_has_no_more_clients():
+    """fade_clients k grows the fade only past k present clients: a row that ran the
+    same settings without it counts on cells of at most k clients (fmnist-160,
+    quad-2x2), not on larger ones (fmnist-400), nor without a cell to tell."""
+    cells = {c["id"]: c for c in regimes.load_cells()}
+    ran = regimes.entry_settings("cobo", {"fade": 1.0, "closure": 0.1})
+    now = regimes.entry_settings("cobo", {"fade": 1.0, "closure": 0.1, "fade_clients": 160})
+    assert regimes.same_settings(ran, now, cells["fmnist-160"])
+    assert regimes.same_settings(ran, now, cells["quad-2x2"])
+    assert not regimes.same_settings(ran, now, cells["fmnist-400"])
+    assert not regimes.same_settings(ran, now)
+    off = regimes.entry_settings("cobo", {"fade": 1.0, "closure": 0.1, "fade_clients": 0})
+    assert regimes.same_settings(ran, off, cells["fmnist-400"])  # 0: off, as absent
+
+
 def test_the_report_leaves_out_rows_the_defaults_no_longer_run():
     """A `cobo` (or candidate) row whose recorded settings are not the entry's today,
     on a cell where the difference acts, is left out of the table and named under it;

@@ -172,8 +172,9 @@ def clients(cell: dict) -> int | None:
 
 
 # CoBo keys that act only where the sampler alone samples a pair fewer than K times in
-# the run (S < K): a row from before them counts where they are inert on its cell
-AFTER_ROWS = ("recheck_samples", "sampling_samples", "sampling_scale_max")
+# the run (S < K), or (fade_clients) past that many clients: a row from before them
+# counts where they are inert on its cell
+AFTER_ROWS = ("recheck_samples", "sampling_samples", "sampling_scale_max", "fade_clients")
 # CoBo keys whose value here is off, as before the key: a row without them counts
 OFF_AT = {
     "recheck_samples": 0,
@@ -183,6 +184,7 @@ OFF_AT = {
     "sampling_start": 0,
     "fade": 0,
     "fade_decay": "gamma",  # the fade's only schedule before the key
+    "fade_clients": 0,
     "closure": 0,
 }
 
@@ -198,7 +200,8 @@ def _set(settings: dict) -> dict:
 def inert_on(now: dict, cell: dict, keys: set[str]) -> bool:
     """Whether CoBo with settings ``now`` on ``cell`` runs as without ``keys`` (of
     ``AFTER_ROWS``): the sampler alone samples each pair at least sampling_samples and
-    recheck_samples times in the cell's run, so neither scales a rate."""
+    recheck_samples times in the cell's run, so neither scales a rate, and the cell has
+    at most fade_clients clients, so the fade does not grow."""
     from raycobo.algorithms.cobo import CoBo
     from raycobo.config import validate
 
@@ -207,6 +210,8 @@ def inert_on(now: dict, cell: dict, keys: set[str]) -> bool:
         return False
     algo = CoBo(validate({"algorithm": now}).algorithm, cell["config"]["rounds"], 0)
     if "sampling_samples" in keys and algo.sampler(n).scale != 1.0:
+        return False
+    if "fade_clients" in keys and n > algo.cfg.fade_clients:
         return False
     return "recheck_samples" not in keys or algo.recheck_scale(n) == 1.0
 

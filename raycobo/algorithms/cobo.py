@@ -104,6 +104,7 @@ RULES: dict[str, dict[str, object]] = {
         # their own clock, PairClock)
         "fade": 0.5,
         "fade_decay": "none",
+        "fade_clients": 0,
         "closure": 0.0,
     },
     "paper": {
@@ -126,6 +127,7 @@ RULES: dict[str, dict[str, object]] = {
         "sampling_start": 0.0,
         "fade": 0.0,
         "fade_decay": "none",  # acts only with a fade (set by hand under this rule)
+        "fade_clients": 0,
         "closure": 0.0,
     },
 }
@@ -143,6 +145,7 @@ ONLY_WITH: dict[str, dict[str, str]] = {
     "entry_samples": {"domain": "box"},
     "fade": {"domain": "box"},
     "fade_decay": {"domain": "box"},
+    "fade_clients": {"domain": "box"},
     "closure": {"domain": "box"},
     "pull_strength": {"pull": "mean", "rho": "auto", "domain": "box"},
 }
@@ -209,7 +212,7 @@ class CoBoConfig(MethodConfig):
         description="the defaults of alignment, cosine_floor, gamma, gamma_decay, pull, "
         "pull_at, pull_strength, pull_threshold, initial_weight, recheck, recheck_samples, "
         "mixed_switch, sampling_samples, sampling_scale_max, sampling_start, entry_samples, "
-        "fade, fade_decay, closure and alignment_batches: "
+        "fade, fade_decay, fade_clients, closure and alignment_batches: "
         "raycobo's (chosen on the regime matrix) or Algorithm 1 as printed",
     )
     # penalty strength; auto: pull mean: lr * rho = pull_strength (that share of the way to
@@ -342,6 +345,15 @@ class CoBoConfig(MethodConfig):
         "same against a pair's steps all run long, and leaves more of W outside the "
         "clusters)" + _by_rule("fade_decay"),
     )
+    fade_clients: int | None = Field(
+        default=None,
+        ge=0,
+        description="with fade: past this many present clients n the fade grows as "
+        "n / fade_clients (a row's pairs across the clusters, and so the residue their "
+        "small late gains leave below the threshold, grow as n, and that residue falls as "
+        "1 / fade: the share of a row's weight the residue holds stays as it is at this "
+        "many clients; 0: the same fade at every n)" + _by_rule("fade_clients"),
+    )
     closure: float | None = _share(
         "box domain, with pull_threshold: each round each present client with a "
         "collaborator the pull reads proposes, with this probability, one client two such "
@@ -425,6 +437,7 @@ class CoBoConfig(MethodConfig):
         "entry_samples",
         "fade",
         "fade_decay",
+        "fade_clients",
         "closure",
     )
     @classmethod
@@ -447,7 +460,7 @@ class CoBoConfig(MethodConfig):
             _needs_positive(info, "pull_threshold")
         if info.field_name == "closure" and value > 0:
             _needs_skipped_pairs(info)
-        if info.field_name == "fade_decay":
+        if info.field_name == "fade_decay" or (info.field_name == "fade_clients" and value):
             _needs_positive(info, "fade")
         return value
 
@@ -484,8 +497,9 @@ class CoBoConfig(MethodConfig):
         if not out["pull_threshold"]:  # nothing below a threshold of 0 to fade or close
             out["fade"] = None
             out["closure"] = None
-        if not out["fade"]:  # the fade's schedule, without a fade
+        if not out["fade"]:  # the fade's schedule and growth, without a fade
             out["fade_decay"] = None
+            out["fade_clients"] = None
         return out
 
     def collaboration_cut(self) -> float | None:
@@ -1048,11 +1062,14 @@ class CoBo:
         gamma_t shrinks, so what early samples left there returns to 0 within the run
         (a late joiner's pairs step with their own clock's gamma, ``PairClock``); with
         ``gamma``, decayed as the W step is (``gamma_at`` / gamma): the same bar, fade *
-        threshold / gamma, all run long."""
+        threshold / gamma, all run long. Past ``fade_clients`` present clients the fade
+        grows as n / fade_clients (a row's pairs across the clusters grow as n)."""
         c = self.cfg
         fade, cut = float(c.fade or 0.0), self.threshold()
         if not fade or cut <= 0 or c.domain != "box":
             return 0.0
+        if c.fade_clients and n > c.fade_clients:
+            fade *= n / c.fade_clients
         decay = 1.0 if c.fade_decay == "none" else self.gamma_at(t, n) / c.gamma
         return fade * cut * self.sampler(n).probability(t) * decay
 

@@ -1377,6 +1377,47 @@ def test_fade_returns_the_weights_below_the_threshold_to_zero(tmp_path):
     assert load_stored_config(tmp_path / "config.yaml").algorithm.fade == 0.0
 
 
+def test_fade_clients_grows_the_fade_with_the_clients_present(tmp_path):
+    """fade_clients k: past k present clients the fade grows as n / k (the same per
+    expected sample at k and below); a client away does not count. Refused without a
+    fade; written out only with one; a stored config from before the key ran it off."""
+    import yaml
+
+    from raycobo.config import ConfigError, load_config, load_stored_config
+
+    rounds, t = 400, 7
+
+    def per_sample(cfg: CoBoConfig, n: int, present: int | None = None) -> float:
+        algo = CoBo(cfg, rounds, 0)
+        state = CoBoState(torch.zeros(n, 1), torch.eye(n))
+        if present is not None:
+            state.active = torch.arange(n) < present
+        amount = algo.fade_at(t, algo.present(state))
+        return amount / algo.sampler(algo.present(state)).probability(t)
+
+    grows = CoBoConfig(fade=1.0, fade_clients=16, gamma_decay="none")
+    assert per_sample(grows, 8) == pytest.approx(0.5)  # fade * threshold
+    assert per_sample(grows, 16) == pytest.approx(0.5)
+    assert per_sample(grows, 40) == pytest.approx(0.5 * 40 / 16)
+    assert per_sample(grows, 40, present=20) == pytest.approx(0.5 * 20 / 16)
+    flat = CoBoConfig(fade=1.0, gamma_decay="none")
+    assert per_sample(flat, 40) == pytest.approx(0.5)  # rule raycobo: 0, the same at every n
+    assert per_sample(CoBoConfig(fade=1.0, fade_clients=0), 40) == pytest.approx(0.5)
+
+    with pytest.raises(ConfigError, match="algorithm.fade_clients.*algorithm.fade"):
+        load_config(None, ["algorithm.fade=0", "algorithm.fade_clients=160"])
+    with pytest.raises(ConfigError, match="algorithm.fade_clients.*algorithm.fade"):
+        load_config(None, ["algorithm.rule=paper", "algorithm.fade_clients=160"])
+    with pytest.raises(ConfigError, match="algorithm.fade_clients.*domain"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.fade_clients=160"])
+    assert CoBoConfig(rule="paper").pinned().fade_clients is None
+    pinned = CoBoConfig(fade=1.0, fade_clients=160).pinned().model_dump(mode="json")
+    assert pinned["fade_clients"] == 160
+    del pinned["fade_clients"]  # what a run pinned before the key existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": pinned}))
+    assert load_stored_config(tmp_path / "config.yaml").algorithm.fade_clients == 0
+
+
 def test_fade_leaves_w_with_the_weights_the_pull_reads(digits_cfg):
     """Digits in two label-permutation clusters of 4, 100 rounds: early samples leave
     cross-cluster pairs with weights below the pull's threshold, which without fade
