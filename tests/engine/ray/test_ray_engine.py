@@ -326,7 +326,8 @@ def test_host_resident_cobo_matches_the_local_engine(
     (the hosts request and average them), with no pair sampled in the first half of
     the rounds (sampling_start; recheck's draws start with the sampler's), and with
     fade (every round the hosts' rows and the coordinator's W lower the weights below
-    the threshold alike), and with closure (round t's pairs two pulled steps apart,
+    the threshold alike, by an amount grown with the clients present: fade_clients),
+    and with closure (round t's pairs two pulled steps apart,
     drawn by the coordinator from W^t)."""
     if task in ("quadratic", "recheck", "current", "batches", "start"):
         over = {"algorithm.name": "cobo", "rounds": 6}
@@ -348,7 +349,8 @@ def test_host_resident_cobo_matches_the_local_engine(
             "algorithm.sampling=constant",
             "algorithm.sampling_c=2",
             f"engine.timeout_s={TIMEOUT}",
-            *(["algorithm.fade=1"] if task == "fade" else []),
+            # fade_clients 2 of 4 clients: the fade at twice its amount, the same on both
+            *(["algorithm.fade=1", "algorithm.fade_clients=2"] if task == "fade" else []),
             *(["algorithm.closure=1"] if task == "closure" else []),
         )
     cfg = with_overrides(cfg, {"engine.rounds": "resident"})
