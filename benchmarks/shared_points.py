@@ -27,17 +27,9 @@ import time
 
 import torch
 
-from raycobo.models import _mlp_loss_grad
+from raycobo.models import _mlp_loss_grad, mlp_layers
 
 SIZES = [784, 64, 10]
-
-
-def layers(sizes: list[int]) -> list[tuple[int, int, int, int, int]]:
-    out, off = [], 0
-    for a, b in zip(sizes, sizes[1:], strict=False):
-        out.append((off, off + a * b, off + a * b + b, a, b))
-        off += a * b + b
-    return out
 
 
 def shared_loss_grad(P, x, y, G, R: int, sizes: list[int] = SIZES) -> torch.Tensor:
@@ -47,7 +39,7 @@ def shared_loss_grad(P, x, y, G, R: int, sizes: list[int] = SIZES) -> torch.Tens
     U, RB = x.shape[0], x.shape[1]
     B = RB // R
     acts, h = [x], x
-    spec = layers(sizes)
+    spec = mlp_layers(sizes)
     for li, (w0, b0, end, a, b) in enumerate(spec):
         W = P[:, w0:b0].view(U, b, a)
         h = torch.baddbmm(P[:, b0:end].view(U, 1, b), h, W.transpose(1, 2))
@@ -83,7 +75,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     n, E, k, B = args.clients, args.edges, args.batches, args.batch_size
     R, A = 2 * k, 2 * k * args.edges
-    d = layers(SIZES)[-1][2]
+    d = mlp_layers(SIZES)[-1][2]
     gen = torch.Generator().manual_seed(0)
     X = torch.randn(n, d, generator=gen) * 0.05
     data = torch.randn(4000, SIZES[0], generator=gen)

@@ -728,6 +728,11 @@ def pull_weights(W: torch.Tensor, pull: str, threshold: float = 0.0) -> torch.Te
     return W
 
 
+def weights_at(W: torch.Tensor | SparseBoxWeights, i: torch.Tensor, j: torch.Tensor):
+    """w_ij for each pair (i[p], j[p]) of a dense or sparse W, on the CPU."""
+    return (W.get(i, j) if isinstance(W, SparseBoxWeights) else W[i, j]).cpu()
+
+
 def fade_weights(W: torch.Tensor | SparseBoxWeights, cut: float, amount: float):
     """W (dense rows, or sparse) with every entry in (0, ``cut``) lowered by ``amount``,
     at least 0 (``fade``: the weights the pull does not read decay; those at or above the
@@ -1296,8 +1301,7 @@ class CoBo:
         far = partner(mid, draw[who, 2])
         keep = far.ne(who)
         i, k = who[keep], far[keep]
-        w = W.get(i, k) if isinstance(W, SparseBoxWeights) else W[i, k]
-        unread = w.cpu().lt(self.threshold())
+        unread = weights_at(W, i, k).lt(self.threshold())
         i, k = i[unread], k[unread]
         return torch.stack([torch.minimum(i, k), torch.maximum(i, k)], dim=1)
 
@@ -1321,13 +1325,10 @@ class CoBo:
         chosen = self.closure_pairs(W, pairs, t, n)
         if max(rate, loose) > 0:  # the re-checks' own draw (closure alone: none)
             draw = torch.rand(pairs.shape[0], generator=rng.generator(self.seed, rng.RECHECK, t))
+            rates = rate
             if loose != rate:  # the pairs whose weight is still inside the box
-                i, j = pairs[:, 0], pairs[:, 1]
-                w = W.get(i, j) if isinstance(W, SparseBoxWeights) else W[i, j]
-                rates = torch.where(w.cpu() < 1, loose, rate)
-                chosen = torch.cat([pairs[draw < rates], chosen])
-            else:
-                chosen = torch.cat([pairs[draw < rate], chosen])
+                rates = torch.where(weights_at(W, pairs[:, 0], pairs[:, 1]) < 1, loose, rate)
+            chosen = torch.cat([pairs[draw < rates], chosen])
         keys = torch.cat(
             [
                 edges[:, 0] * size + edges[:, 1],

@@ -132,17 +132,23 @@ def _mlp_batched(sizes: list[int]) -> Callable[[list[torch.Tensor], torch.Tensor
     return forward
 
 
+def mlp_layers(sizes: list[int]) -> list[tuple[int, int, int, int, int]]:
+    """Each layer of the MLP ``sizes`` in its flat parameter vector: (weight start, bias
+    start, end, in, out), nn.Linear's layout."""
+    layers, off = [], 0
+    for a, b in zip(sizes, sizes[1:], strict=False):
+        layers.append((off, off + a * b, off + a * b + b, a, b))
+        off += a * b + b
+    return layers
+
+
 def _mlp_loss_grad(sizes: list[int]) -> Callable[..., torch.Tensor]:
     """Mean cross-entropy per client and its gradient, written into G (m, d) in place.
 
     A hand-written backward for the batched MLP: every weight gradient is one batched
     GEMM written straight into its block of G (no autograd graph, no (m, d) temporaries).
     Checked against autograd in tests/models."""
-    layers = []
-    off = 0
-    for a, b in zip(sizes, sizes[1:], strict=False):
-        layers.append((off, off + a * b, off + a * b + b, a, b))
-        off += a * b + b
+    layers = mlp_layers(sizes)
 
     def loss_grad(P: torch.Tensor, x: torch.Tensor, y: torch.Tensor, G: torch.Tensor):
         m, B = x.shape[0], x.shape[1]
