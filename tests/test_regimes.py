@@ -450,3 +450,37 @@ def test_the_score_separation_is_measured_on_one_minibatch_and_on_a_mean():
     first = rows[0]
     assert first["mean_of_8"]["d"] > first["one_batch"]["d"]
     assert first["mean_of_8"]["inside_sd"] < first["one_batch"]["inside_sd"]
+
+
+def test_choose_takes_the_entry_passing_more_cells_then_the_higher_gap():
+    """An entry passes a cell at >= 75 % of the gap with >= 0.9 of W's mass inside; a
+    missing or diverged run is no pass; more passes win over a higher mean gap, and
+    between equal passes the higher mean gap wins."""
+    choose = report.sibling("choose")
+
+    def run(cell, entry, acc, mass=0.95, diverged=False):
+        return {"cell": cell, "entry": entry, "seed": 0, "accuracy": acc, "loss": 1.0,
+                "diverged": diverged, "seconds": 1.0, "mass_inside": mass,
+                "w_within": 0.7, "w_across": 0.01}  # fmt: skip
+
+    cells = ["fmnist-160", "fmnist-400"]
+    rows = [run(c, e, a) for c in cells for e, a in (("local", 0.50), ("oracle", 0.60))]
+    rows += [
+        run("fmnist-160", "high", 0.599, mass=0.85),  # 99 %, mass short
+        run("fmnist-400", "high", 0.599, mass=0.85),
+        run("fmnist-160", "kept", 0.58),  # 80 %, passes
+        run("fmnist-400", "kept", 0.58),
+        run("fmnist-160", "one", 0.59),  # passes one cell, 70 % on the other
+        run("fmnist-400", "one", 0.57),
+        run("fmnist-160", "gone", 0.59),  # passes one cell, diverged on the other
+        run("fmnist-400", "gone", 0.59, diverged=True),
+        run("fmnist-160", "missing", 0.59),  # passes one cell, no row on the other
+    ]
+    table = report.summarize(rows)
+    best, lines = choose.choose(table, ["high", "gone", "one", "kept", "missing"], cells)
+    assert best == "kept"
+    assert ["fmnist-400", "missing", "no", "row"] in [line.split() for line in lines]
+    assert "gone: passes 1 of 2 cells, mean gap 45.0 %" in lines
+    assert "missing: passes 1 of 2 cells, mean gap 45.0 %" in lines
+    best, _ = choose.choose(table, ["gone", "missing", "one"], cells)  # 1 pass each
+    assert best == "one"

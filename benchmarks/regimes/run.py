@@ -32,7 +32,7 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -361,7 +361,9 @@ def execute(jobs: list[dict], results: Path, n_jobs: int, threads: int | None = 
         ) as pool,
     ):
         futures = [pool.submit(_worker, j, threads) for j in jobs]
-        for k, fut in enumerate(futures, 1):
+        # each row as its run ends: a slow run does not hold back the rows of those
+        # that ended after it started (a call stopped at a time limit keeps them)
+        for k, fut in enumerate(as_completed(futures), 1):
             row = fut.result()
             f.write(json.dumps(row) + "\n")
             f.flush()

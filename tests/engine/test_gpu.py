@@ -59,6 +59,35 @@ def test_local_engine_on_cuda_matches_the_cpu(digits_cfg, name):
         assert_close(W_g.cpu(), W_c, **TOL)
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        [],  # the defaults: the sampler's draws, re-checks and the W step
+        # a fade grown past 2 present clients (it lowers w_23 from 0.19 to 0.14 here)
+        # and the closure's extra pairs, on two sampled pairs a round
+        [
+            "algorithm.sampling=constant",
+            "algorithm.sampling_c=2",
+            "algorithm.fade=0.3",
+            "algorithm.fade_clients=2",
+            "algorithm.closure=1",
+        ],
+        ["algorithm.rule=paper"],  # Algorithm 1 as the paper states it
+    ],
+    ids=["defaults", "fade-closure", "paper"],
+)
+def test_cobo_settings_on_cuda_match_the_cpu(digits_cfg, settings):
+    """CoBo's own rules, drawn as they are by default rather than on the full graph,
+    give the CPU's models, W and losses on CUDA."""
+    cfg = digits_cfg("algorithm.name=cobo", "rounds=12", *settings)
+    X_c, W_c, L_c = run_local(cfg, 12)
+    X_g, W_g, L_g = run_local(with_overrides(cfg, {"engine.device": "cuda"}), 12)
+    assert X_g.is_cuda
+    assert_close(X_g.cpu(), X_c, **TOL)
+    assert_close(W_g.cpu(), W_c, **TOL)
+    assert_close(L_g.cpu(), L_c, **TOL)
+
+
 @pytest.fixture
 def free_gpus(ray_on_the_gpus):
     """Wait until the actors of earlier tests have given their GPU shares back."""
