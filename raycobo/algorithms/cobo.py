@@ -29,14 +29,16 @@ W-weighted mean of x_i and its collaborators (``pull: mean``: its strength does 
 grow with the number of clients, and many small cross-cluster weights do not add up to
 a pull of their own). Among its other keys (each documented on ``CoBoConfig``): W^0 = 0
 between clients, a threshold below which a weight does not pull, re-checks of the pulled
-pairs, and ``fade``: every round the weights below that threshold fall a little (half
-the threshold per expected sample of a pair), so that what one early sample gave a pair
-the pull never reads returns to 0 and W ends holding the collaborators the pull reads.
+pairs, and ``fade``: every round the weights below that threshold fall a little (the
+threshold per expected sample of a pair, grown as n / 160 past 160 present clients, as a
+row's pairs across the clusters grow with n: ``fade_clients``), so that what one early
+sample gave a pair the pull never reads returns to 0 and W ends holding the
+collaborators the pull reads.
 A client that joins late has its pairs' W step restart its decay (``PairClock``), so it
 finds its cluster against that fade as the first rounds' clients did. ``closure``
-(off by default) adds to a round's pairs some two pulled steps apart (a collaborator's
-collaborator), so that a cluster's pairs whose few early samples scored low are
-measured again while the scores still tell.
+(each client with probability 0.1 a round) adds to a round's pairs some two pulled steps
+apart (a collaborator's collaborator), so that a cluster's pairs whose few early samples
+scored low are measured again while the scores still tell.
 """
 
 from __future__ import annotations
@@ -98,14 +100,17 @@ RULES: dict[str, dict[str, object]] = {
         # the score's noise halved in variance for 2x the alignment's gradient work)
         "alignment_batches": 2,
         "sampling_start": 0.0,
-        # weights below the threshold fall by 0.5 * threshold * p_t every round, the same
-        # all run long (the eighteenth round, chosen on validation: the whole W's mass
-        # inside the clusters >= 0.9 on every cell it ran; a late joiner's pairs step on
-        # their own clock, PairClock)
-        "fade": 0.5,
+        # weights below the threshold fall by fade * threshold * p_t every round, the same
+        # all run long (the eighteenth round; a late joiner's pairs step on their own
+        # clock, PairClock), at 1.0 and grown as n / 160 past 160 present clients, with
+        # each client proposing a collaborator's collaborator with probability 0.1 a
+        # round (the twenty-first round, chosen on validation by benchmarks/regimes/
+        # choose.py: the only entry with >= 75 % of the gap and >= 0.9 of the whole W's
+        # mass inside the clusters at 400 clients)
+        "fade": 1.0,
         "fade_decay": "none",
-        "fade_clients": 0,
-        "closure": 0.0,
+        "fade_clients": 160,
+        "closure": 0.1,
     },
     "paper": {
         "alignment": "inner",
@@ -496,6 +501,8 @@ class CoBoConfig(MethodConfig):
             out["sampling_scale_max"] = None
         if not out["pull_threshold"]:  # nothing below a threshold of 0 to fade or close
             out["fade"] = None
+            out["closure"] = None
+        if out["sampling"] == "full":  # every pair every round: nothing to propose
             out["closure"] = None
         if not out["fade"]:  # the fade's schedule and growth, without a fade
             out["fade_decay"] = None
@@ -1266,10 +1273,10 @@ class CoBo:
 
     def closure_rate(self, t: int, n: int) -> float:
         """The probability that a present client proposes a collaborator's collaborator
-        in round t (``closure``; 0 off the box domain, without a threshold, or before the
-        sampler's first round)."""
+        in round t (``closure``; 0 off the box domain, without a threshold, with every
+        pair sampled every round, or before the sampler's first round)."""
         c = self.cfg
-        if c.domain != "box" or not c.closure or not self.threshold():
+        if c.domain != "box" or not c.closure or not self.threshold() or c.sampling == "full":
             return 0.0
         return 0.0 if t < self.sampler(n).start_round() else float(c.closure)
 
