@@ -844,6 +844,12 @@ def test_closure_proposes_a_collaborators_collaborator_dense_and_sparse():
     ):
         with pytest.raises(ConfigError, match=f"algorithm.closure.*{name}"):
             load_config(None, [*bad, "algorithm.closure=0.1"])
+    # the rule's closure (0.1) under full sampling: every pair is sampled already, so it
+    # is left out of the settings a run records and draws nothing
+    full = load_config(None, ["algorithm.sampling=full"]).algorithm
+    assert full.effective()["closure"] is None and full.pinned().closure is None
+    assert CoBo(full, 10, 0).closure_rate(3, n) == 0.0
+    assert CoBo(CoBoConfig(), 10, 0).closure_rate(3, n) == pytest.approx(0.1)
 
 
 def test_hold_raises_the_scores_of_the_pairs_the_pull_reads_only():
