@@ -163,7 +163,7 @@ def test_a_row_counts_only_for_the_settings_it_ran():
     # they are off (or, as below, inert on the cell)
     assert now["alignment_batches"] == 2
     assert planned({key: None, other: None}) == ["cobo", "no-recheck"]
-    previous = {"cobo": ("cobo", {"alignment_batches": 1, "fade": 0.0})}
+    previous = {"cobo": ("cobo", {"alignment_batches": 1, "fade": 0.0, "closure": 0.0})}
     assert regimes.plan_jobs([cells["quad-2x2"]], previous, [0], "test", {key: None}) == []
     assert planned({key: {**now, "pull_at": "current"}, other: now}) == ["cobo", "no-recheck"]
     # a key added since, null while off, leaves a row that did not record it valid; set,
@@ -192,7 +192,9 @@ def test_rows_from_before_the_sample_count_keys_count_where_they_change_nothing(
     about 2 samples a pair; fmnist-400: about 8, so recheck_samples is inert there but
     sampling_samples is not); 0 is a key off, the same as absent."""
     cells = {c["id"]: c for c in regimes.load_cells()}
-    now = regimes.entry_settings("cobo", {})
+    # the fade's growth off (the default grows it past 160 clients: the next test)
+    steady = {"fade_clients": 0}
+    now = regimes.entry_settings("cobo", steady)
     assert now["recheck_samples"] == 8.0 and now["sampling_samples"] == 12.0
     later = set(regimes.AFTER_ROWS)
     before = {k: v for k, v in now.items() if k not in later}
@@ -203,11 +205,12 @@ def test_rows_from_before_the_sample_count_keys_count_where_they_change_nothing(
         assert not regimes.same_settings(ran, now, large)
         assert not regimes.same_settings(ran, now, mid)
         assert not regimes.same_settings(ran, now)  # no cell: not provably the same
-    off = regimes.entry_settings("cobo", {"sampling_samples": 0.0})
+    off = regimes.entry_settings("cobo", {**steady, "sampling_samples": 0.0})
     assert regimes.same_settings(before_s, off, large) and regimes.same_settings(before_s, off)
     assert regimes.same_settings(before, off, mid)  # recheck_samples: inert at S = 8.2
     assert not regimes.same_settings(before, off, large)
-    both_off = regimes.entry_settings("cobo", {"sampling_samples": 0.0, "recheck_samples": 0.0})
+    both_off = {**steady, "sampling_samples": 0.0, "recheck_samples": 0.0}
+    both_off = regimes.entry_settings("cobo", both_off)
     assert regimes.same_settings(before, both_off, large)
     changed = {**before, "gamma": 1.5}
     assert not regimes.same_settings(changed, now, small)  # another key differs too
@@ -218,8 +221,9 @@ def test_rows_without_fade_clients_count_where_the_cell_has_no_more_clients():
     same settings without it counts on cells of at most k clients (fmnist-160,
     quad-2x2), not on larger ones (fmnist-400), nor without a cell to tell."""
     cells = {c["id"]: c for c in regimes.load_cells()}
-    ran = regimes.entry_settings("cobo", {"fade": 1.0, "closure": 0.1})
-    now = regimes.entry_settings("cobo", {"fade": 1.0, "closure": 0.1, "fade_clients": 160})
+    ran = regimes.entry_settings("cobo", {"fade": 1.0, "closure": 0.1, "fade_clients": 0})
+    now = regimes.entry_settings("cobo", {})  # the defaults: fade 1, closure 0.1, k = 160
+    assert (now["fade"], now["closure"], now["fade_clients"]) == (1.0, 0.1, 160)
     assert regimes.same_settings(ran, now, cells["fmnist-160"])
     assert regimes.same_settings(ran, now, cells["quad-2x2"])
     assert not regimes.same_settings(ran, now, cells["fmnist-400"])

@@ -16,13 +16,24 @@ does a diverged run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from report import current, read_results, summarize  # noqa: E402
+
+
+def _report():
+    """report.py beside this file, by path (benchmarks/fidelity has a report.py too)."""
+    spec = importlib.util.spec_from_file_location("regimes_report", HERE / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_r = _report()
+current, read_results, summarize = _r.current, _r.read_results, _r.summarize
 
 GAP, MASS = 0.75, 0.90  # the issue's bar
 
