@@ -56,15 +56,15 @@ def choose(table: dict, entries: list[str], cells: list[str]) -> tuple[str, list
                 gaps.append(0.0)  # a missing run counts as no gap closed
                 lines.append(f"{c:18s} {e:26s} no row")
                 continue
-            gap, mass = s["gap"], s["mass_inside"]
+            gap, mass, ok = s["gap"], s["mass_inside"], passes(s)
             gaps.append(gap if gap is not None else 0.0)
-            passed += passes(s)
+            passed += ok
             lines.append(
                 f"{c:18s} {e:26s} seeds {s['n']}  gap "
                 + ("-" if gap is None else f"{100 * gap:5.1f} %")
                 + "  mass inside "
                 + ("-" if mass is None else f"{mass:.3f}")
-                + ("  pass" if passes(s) else "")
+                + ("  pass" if ok else "")
             )
         mean_gap = statistics.fmean(gaps) if gaps else float("-inf")
         key[e] = (passed, mean_gap)
