@@ -24,7 +24,7 @@ def test_bench_engine_and_scaling_write_their_outputs(tmp_path):
     # the local rows give the round's FLOPs and its share of this machine's limit
     local = [r for r in rows if r["engine"] == "local"]
     assert all(float(r["gflop_per_round"]) > 0 and float(r["limit_ms"]) > 0 for r in local)
-    assert "GFLOP/round" in res.output and "of the round's" in res.output
+    assert "GFLOP/round" in res.output and "of the same round's" in res.output
     assert "| mlp | 4 | cobo |" in res.output
     bad = CliRunner().invoke(app, ["bench", "engine", "--model", "vgg"])
     assert bad.exit_code == 2 and "--model" in bad.stderr
@@ -154,7 +154,10 @@ def test_round_limit_counts_each_phase_and_replays_its_operators():
     """A known round: the gradients of 2 alignment rows and 3 model-step rows in one call
     (one (5, 8, 4) batched product), a penalty product (6x7 @ 7x2) outside the
     gradients, an evaluation (3x4 @ 4x5): FLOPs by torch's counter (2mnk), split by rows;
-    the replayed time is positive; the ops' own grads is back afterwards."""
+    the replayed time is positive; the ops' own grads is back afterwards. The round is
+    run again from the state it was recorded from, ``repeats`` times, and the share is
+    the best replay against the best rerun; the session ends in the recorded round's
+    state."""
     import torch
 
     from raycobo import rng
@@ -168,8 +171,12 @@ def test_round_limit_counts_each_phase_and_replays_its_operators():
     class Session:
         def __init__(self, ops):
             self.ops = ops
+            self.state = 10
+            self.started_from = []
 
         def round(self, t):
+            self.started_from.append(self.state)
+            self.state = self.state + 1
             streams = torch.tensor([rng.ALIGN] * 2 + [rng.STEP] * 3)
             self.ops.grads(torch.arange(5), None, t, streams, 0)
             torch.randn(6, 2).addmm_(torch.randn(6, 7), torch.randn(7, 2))  # in place
@@ -178,7 +185,11 @@ def test_round_limit_counts_each_phase_and_replays_its_operators():
             return torch.randn(3, 4) @ torch.randn(4, 5)
 
     ops = Ops()
-    lim = round_limit(Session(ops), ops, 0)
+    session = Session(ops)
+    lim = round_limit(session, ops, 0, repeats=3)
+    assert session.started_from == [10, 10, 10, 10] and session.state == 11
+    assert lim.repeats == 3 and lim.round_ms > 0
+    assert lim.share() == pytest.approx(lim.round_limit_ms / lim.round_ms)
     g = 2 * 5 * 8 * 4 * 3 / 1e9
     assert lim.gflop["alignment"] == pytest.approx(g * 2 / 5)
     assert lim.gflop["model step"] == pytest.approx(g * 3 / 5)

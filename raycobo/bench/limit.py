@@ -10,6 +10,13 @@ when replayed back to back on this machine, on tensors of the same shapes, strid
 dtypes, measured in the same call. ``limit_ms / round_ms`` is then the share of the
 machine's attainable throughput on the round's own shapes that the round reaches: what
 is left is overhead (minibatch gathering, elementwise work, Python, allocation).
+
+On a shared machine the speed of the same work moves between windows (on the 2-core VM
+the replay alone measured 81 and 39 GFLOP/s in consecutive calls), so a round timed in
+one window against a replay timed in another gives shares from 41 to 101 %. The share is
+therefore taken on the recorded round itself: it is run again from the same state
+(same edges, same minibatches) and replayed, interleaved, ``repeats`` times, and the best
+of each is compared: both from the machine's fast windows.
 """
 
 from __future__ import annotations
@@ -80,14 +87,20 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _replay_seconds(key, min_s: float = 0.02, max_reps: int = 200) -> tuple[float, float]:
-    """(seconds per call, FLOPs per call) of one recorded operator on fresh tensors."""
+def _prepared(key) -> tuple[Any, tuple, dict, float, bool]:
+    """(operator, arguments on fresh tensors, keyword arguments, FLOPs per call, on CUDA)
+    of one recorded operator."""
     func, args_m, kwargs_m = key
     args, kwargs = _make(args_m), {k: _make(v) for k, v in kwargs_m}
     with FlopCounterMode(display=False) as fc:
         COUNTED_AS.get(func, func)(*args, **kwargs)
-    flops = float(fc.get_total_flops())
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    return func, args, kwargs, float(fc.get_total_flops()), cuda
+
+
+def _replay_seconds(op, min_s: float = 0.02, max_reps: int = 200) -> float:
+    """Seconds per call of a prepared operator, repeated back to back."""
+    func, args, kwargs, _, cuda = op
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     func(*args, **kwargs)  # warm
     sync()
@@ -96,7 +109,7 @@ def _replay_seconds(key, min_s: float = 0.02, max_reps: int = 200) -> tuple[floa
         func(*args, **kwargs)
         reps += 1
     sync()
-    return (time.perf_counter() - t0) / reps, flops
+    return (time.perf_counter() - t0) / reps
 
 
 @dataclass
@@ -108,6 +121,8 @@ class Limit:
     limit_ms: dict[str, float] = field(default_factory=dict)  # by phase
     eval_gflop: float = 0.0
     eval_limit_ms: float = 0.0
+    round_ms: float | None = None  # the recorded round run again: the best of ``repeats``
+    repeats: int = 1
 
     @property
     def round_gflop(self) -> float:
@@ -117,25 +132,29 @@ class Limit:
     def round_limit_ms(self) -> float:
         return sum(self.limit_ms.values())
 
-    def share(self, round_ms: float) -> float:
-        """The round's share of the machine's limit on its own operators."""
-        return self.round_limit_ms / round_ms if round_ms > 0 else float("nan")
+    def share(self) -> float:
+        """The round's share of the machine's limit on its own operators: the best
+        replay against the best rerun of the same round."""
+        ms = self.round_ms
+        return self.round_limit_ms / ms if ms else float("nan")
 
-    def line(self, round_ms: float) -> str:
+    def line(self) -> str:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in self.gflop.items() if v > 0)
         rate = 1e3 * self.round_gflop / self.round_limit_ms if self.round_limit_ms else 0.0
         return (
             f"{self.round_gflop:.3f} GFLOP/round ({parts}); its operators replayed: "
             f"{self.round_limit_ms:.2f} ms ({rate:.0f} GFLOP/s) = "
-            f"{100 * self.share(round_ms):.0f} % of the round's {round_ms:.2f} ms; "
-            f"evaluation {self.eval_gflop:.3f} GFLOP, "
-            f"limit {self.eval_limit_ms:.2f} ms"
+            f"{100 * self.share():.0f} % of the same round's {self.round_ms or 0:.2f} ms "
+            f"(each the best of {self.repeats}, interleaved); evaluation "
+            f"{self.eval_gflop:.3f} GFLOP, limit {self.eval_limit_ms:.2f} ms"
         )
 
 
-def round_limit(session, ops, t: int) -> Limit:
-    """Record round ``t`` of a started session (and one evaluation) and replay each heavy
-    operator it ran: its FLOPs and the machine's time for it, by phase."""
+def round_limit(session, ops, t: int, repeats: int = 5) -> Limit:
+    """Record round ``t`` of a started session (and one evaluation), then ``repeats``
+    times, interleaved, run round t again from the same state and replay each heavy
+    operator it ran: its FLOPs by phase, the best replay and the best rerun (the
+    session's state is the recorded round's afterwards)."""
     rec = _Recorder()
     rows = Counter()
     real_grads = ops.grads
@@ -153,6 +172,7 @@ def round_limit(session, ops, t: int) -> Limit:
         finally:
             rec.phase = before
 
+    before = getattr(session, "state", None)  # rounds return new states (resume relies on it)
     own = ops.__dict__.get("grads")  # an instance's own grads, if it has one
     ops.grads = grads
     try:
@@ -166,15 +186,41 @@ def round_limit(session, ops, t: int) -> Limit:
             del ops.grads  # the class's method again
         else:
             ops.grads = own
-    out = Limit()
-    for (key, phase), count in rec.seen.items():
-        sec, flops = _replay_seconds(key)
+    after = getattr(session, "state", None)
+    recorded = list(rec.seen.items())  # ((key, phase), count)
+    flops: dict = {}  # by key, counted once
+    cuda = getattr(getattr(ops, "device", None), "type", "cpu") == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    out = Limit(repeats=max(1, repeats))
+    best: dict[str, float] | None = None
+    for _ in range(out.repeats):
+        if before is not None:
+            session.state = before
+        sync()
+        t0 = time.perf_counter()
+        session.round(t)
+        sync()
+        ms = 1e3 * (time.perf_counter() - t0)
+        out.round_ms = ms if out.round_ms is None else min(out.round_ms, ms)
+        spent: dict[str, float] = {}
+        for (key, phase), count in recorded:  # one operator's tensors alive at a time
+            op = _prepared(key)
+            flops[key] = op[3]
+            spent[phase] = spent.get(phase, 0.0) + count * _replay_seconds(op) * 1e3
+            del op
+        if best is None or sum(spent.values()) < sum(best.values()):
+            best = spent
+    if after is not None:
+        session.state = after
+    for (key, phase), count in recorded:
+        gflop = count * flops[key] / 1e9
         if phase == "evaluation":
-            out.eval_gflop += count * flops / 1e9
-            out.eval_limit_ms += count * sec * 1e3
-            continue
-        out.gflop[phase] = out.gflop.get(phase, 0.0) + count * flops / 1e9
-        out.limit_ms[phase] = out.limit_ms.get(phase, 0.0) + count * sec * 1e3
+            out.eval_gflop += gflop
+        else:
+            out.gflop[phase] = out.gflop.get(phase, 0.0) + gflop
+    best = best or {}
+    out.eval_limit_ms = best.pop("evaluation", 0.0)
+    out.limit_ms = {phase: best.get(phase, 0.0) for phase in out.gflop}
     total = sum(rows.values())
     if "gradients" in out.gflop and total:  # equal work per row: split by rows
         g, ms = out.gflop.pop("gradients"), out.limit_ms.pop("gradients")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -344,3 +346,30 @@ def test_engines_and_ops_are_chosen_by_registry():
     with pytest.raises(ConfigError, match=r"'engine.kind'.*unknown engine 'rya'.*local, loop"):
         engine("rya")
     assert {FederatedData.ops, QuadraticProblem.ops, TextData.ops} == set(OPS)
+
+
+def _freed_memory_kept(env: dict[str, str]) -> str:
+    """keep_freed_memory()'s answer in a fresh process with ``env`` added."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from raycobo.engine.memory import keep_freed_memory as k; print(k())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
+def test_freed_memory_is_kept_unless_the_user_set_the_thresholds():
+    assert _freed_memory_kept({}) == "True"
+    assert _freed_memory_kept({"MALLOC_TRIM_THRESHOLD_": "1000000"}) == "False"
+    assert _freed_memory_kept({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}) == "False"
+    # a malloc setting it does not touch leaves it free to set its own
+    assert _freed_memory_kept({"MALLOC_ARENA_MAX": "2"}) == "True"
