@@ -1,10 +1,10 @@
-"""CoBo's alignment gradients with each midpoint's requests sharing it (#36, a measured
-lever not yet in the engines).
+"""CoBo's alignment gradients with each midpoint's requests sharing it (#36; the local
+engine does this since: ``SharedPoints``, ``VectorizedOps`` with the MLP).
 
 A CoBo round asks for 2k gradients at each sampled pair's midpoint z_ij (both ends, k =
-``alignment_batches`` minibatches each) and one at every member's model. The local
-engine writes every request's point into its own row (2k copies of each midpoint) and
-the batched MLP then runs one GEMM of B samples per row, reading 2k copies of each
+``alignment_batches`` minibatches each) and one at every member's model. Engines without
+``shares_points`` get every request's point in its own row (2k copies of each midpoint),
+and the batched MLP then runs one GEMM of B samples per row, reading 2k copies of each
 midpoint's weights. Here the same gradients are computed with the 2k requests of a
 midpoint as one GEMM of 2kB samples on one copy of its weights (the weight gradients
 still one bmm per request, into their own rows). Both variants are timed in the same

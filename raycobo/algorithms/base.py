@@ -20,6 +20,31 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 
+@dataclass(frozen=True)
+class SharedPoints:
+    """The points of a gradient request whose rows share them: ``segments`` is a tuple of
+    (values (U, d), R), each point of a segment asked R times in a row (point-major:
+    rows u R .. u R + R - 1 are at values[u]), the segments one after another. A client
+    ops that sets ``shares_points`` takes it as ``grads``' Z and may compute each point's
+    R rows together (the local engine's MLP: one GEMM of R minibatches on one copy of the
+    point, where ``materialize`` would write R copies); its answer is the same, row for
+    row, as for ``materialize()``."""
+
+    segments: tuple[tuple[torch.Tensor, int], ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(v.shape[0] * r for v, r in self.segments)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.segments[0][0].dtype
+
+    def materialize(self) -> torch.Tensor:
+        """The (rows, d) points, one copy per row."""
+        return torch.cat([v.repeat_interleave(r, dim=0) for v, r in self.segments])
+
+
 @dataclass
 class Evaluation:
     """Per-client test metrics; ``accuracy`` is None for regression tasks."""
@@ -64,7 +89,7 @@ class ClientOps(Protocol):
         """Stochastic gradients of f_{clients[k]} at Z[k] on a fresh minibatch of that
         client's own data. ``stream`` (what the draw is for) and ``salt`` are an int or one
         per row, so requests of several kinds can share one call. Returns (G (m, d),
-        losses (m,))."""
+        losses (m,)). Z may be ``SharedPoints`` where the ops sets ``shares_points``."""
         ...
 
     def losses(

@@ -57,6 +57,7 @@ from raycobo.algorithms.base import (
     ClientOps,
     Gradients,
     Plan,
+    SharedPoints,
     cluster_agreement,
 )
 from raycobo.algorithms.projections import project_box, project_simplex
@@ -546,9 +547,13 @@ AUTO_RHO_SCALE = 0.4
 class RoundPlan:
     edges: torch.Tensor  # (E, 2) sampled pairs, i < j
     align_clients: torch.Tensor  # (2E,) i-endpoints then j-endpoints
-    points: torch.Tensor  # (2E, d) their midpoints z_ij [then (m, d) the members' x_i]
+    # (2E, d) their midpoints z_ij [then (m, d) the members' x_i], or SharedPoints
+    points: torch.Tensor | SharedPoints
     align_salts: torch.Tensor  # (2E,)
     members: torch.Tensor  # (n_present,) clients taking the model step
+    # the alignment rows pair by pair (i, j for each minibatch: ``SharedPoints``' order)
+    # instead of all i-endpoints, then all j, for each minibatch
+    by_pair: bool = False
 
     @property
     def align_points(self) -> torch.Tensor:
@@ -871,6 +876,14 @@ def alignment_scores(
         norms = torch.linalg.vector_norm(G_i, dim=1) * torch.linalg.vector_norm(G_j, dim=1)
         return dot / norms.clamp_min(max(floor, 1e-12))
     return dot
+
+
+def midpoints(
+    X: torch.Tensor, i: torch.Tensor, j: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """z_ij = (x_i + x_j) / 2 for each sampled pair, (E, d) (into ``out`` if given)."""
+    mid = torch.index_select(X, 0, i, out=out) if out is not None else X.index_select(0, i)
+    return mid.add_(X.index_select(0, j)).mul_(0.5)
 
 
 def batch_salts(salts: torch.Tensor, k: int) -> torch.Tensor:
@@ -1351,16 +1364,17 @@ class CoBo:
         """The requests of round t: the sampled edges (among the present clients) with
         their midpoints, and the clients that take the model step. ``with_models``: the
         members' models follow the midpoints in ``points`` (one request for the round),
-        written into one buffer instead of gathered and concatenated."""
+        written into one buffer instead of gathered and concatenated; for ops that set
+        ``shares_points``, as ``SharedPoints`` instead (``_shared_plan``)."""
         X = state.X
         edges, members = self.sample_edges(state.active, t, ops.n_clients, X.device, state.W)
         i, j = edges[:, 0], edges[:, 1]
         E, k = i.numel(), int(self.cfg.alignment_batches)
+        if with_models and getattr(ops, "shares_points", False):
+            return self._shared_plan(state, edges, members)
         A = 2 * E * k  # alignment rows: k minibatches of both endpoints
         Z = X.new_empty(A + (members.numel() if with_models else 0), X.shape[1])
-        mid = Z[:E]  # (E, d) midpoints z_ij = (x_i + x_j) / 2
-        torch.index_select(X, 0, i, out=mid)
-        mid.add_(X.index_select(0, j)).mul_(0.5)
+        mid = midpoints(X, i, j, out=Z[:E])
         # both endpoints' gradients at z_ij, each on a fresh batch of its own client's
         # data (salted by the partner, so the pair's draws differ from the step's)
         Z[E : 2 * E].copy_(mid)
@@ -1373,14 +1387,40 @@ class CoBo:
         salts = batch_salts(torch.cat([j, i]), k)
         return RoundPlan(edges, torch.cat([i, j]).repeat(k), Z, salts, members)
 
-    def apply_alignment(self, state: CoBoState, edges, G_align: torch.Tensor, t: int) -> CoBoState:
+    def _shared_plan(self, state: CoBoState, edges, members) -> RoundPlan:
+        """``plan(with_models=True)`` for ops that take ``SharedPoints``: each midpoint once,
+        asked 2k times pair by pair (i then j, for each of the k minibatches), then the
+        members' models once each; the rows draw what ``plan``'s rows draw (the same
+        clients, streams and salts, in another order)."""
+        X = state.X
+        i, j = edges[:, 0], edges[:, 1]
+        k = int(self.cfg.alignment_batches)
+        mid = midpoints(X, i, j)
+        models = X if state.active is None else X.index_select(0, members)
+        ends = torch.stack([i, j], dim=1)  # (E, 2)
+        clients = ends.repeat(1, k).flatten()  # (E 2k,): i, j, i, j, ...
+        salts = batch_salts(ends.flip(1).flatten(), k).view(k, -1, 2).transpose(0, 1).flatten()
+        points = SharedPoints(((mid, 2 * k), (models, 1)))
+        return RoundPlan(edges, clients, points, salts, members, by_pair=True)
+
+    def apply_alignment(
+        self, state: CoBoState, edges, G_align: torch.Tensor, t: int, by_pair: bool = False
+    ) -> CoBoState:
         """Eq. (1) from round t's alignment gradients (rows: all i-endpoints, then all j;
-        with ``alignment_batches`` k, k such groups, averaged here)."""
+        with ``alignment_batches`` k, k such groups, averaged here; ``by_pair``: the rows
+        of ``SharedPoints``' order, i and j pair by pair for each minibatch)."""
         E = edges.shape[0]
         if E == 0:
             return state
-        G_align = mean_of_batches(G_align, int(self.cfg.alignment_batches))
-        scores = alignment_scores(G_align[:E], G_align[E:], self.cfg.alignment, self.floor(state))
+        k = int(self.cfg.alignment_batches)
+        if by_pair:  # (E, k, 2, d): the minibatches' mean of each end, as mean_of_batches
+            G = G_align.view(E, k, 2, -1)
+            G = G[:, 0] if k == 1 else G.mean(dim=1)  # (E, 2, d)
+            G_i, G_j = G[:, 0], G[:, 1]
+        else:
+            G_align = mean_of_batches(G_align, k)
+            G_i, G_j = G_align[:E], G_align[E:]
+        scores = alignment_scores(G_i, G_j, self.cfg.alignment, self.floor(state))
         return self.apply_scores(state, edges, scores, t)
 
     def apply_scores(self, state: CoBoState, edges, scores: torch.Tensor, t: int) -> CoBoState:
@@ -1441,7 +1481,8 @@ class CoBo:
         salts = torch.cat([p.align_salts, torch.zeros(n, dtype=torch.int64, device=dev)])
         streams = torch.cat([torch.full((A,), rng.ALIGN), torch.full((n,), rng.STEP)])
         G_all, L_all = ops.grads(clients, p.points, t, streams.to(dev), salts)
-        state = self.apply_alignment(self.faded(state, t), p.edges, G_all[:A], t)  # Eq. (1)
+        state = self.faded(state, t)
+        state = self.apply_alignment(state, p.edges, G_all[:A], t, p.by_pair)  # Eq. (1)
         state = self.step(state, p.members, G_all[A:])  # Eq. (3), W^{t+1} and x^t
         return state, self.stats(L_all[A:], E, n)
 

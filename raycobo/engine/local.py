@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from raycobo import rng
-from raycobo.algorithms.base import Evaluation, tensor_layout
+from raycobo.algorithms.base import Evaluation, SharedPoints, tensor_layout
 from raycobo.data.base import FederatedData
 from raycobo.engine.memory import Execution
 from raycobo.models import FunctionalModel
@@ -159,6 +159,10 @@ class VectorizedOps(_SupervisedBase):
         self.chunk_size = self.execution.rows_per_call
         self.eval_rows = self.execution.eval_rows
         self.eval_block = self.execution.eval_block
+        # the hand-written fp32 backward (the MLP): a request's rows that share a point
+        # run as one GEMM on one copy of it (``SharedPoints``)
+        self.fused = self.model.loss_grad is not None and not self.bf16
+        self.shares_points = self.fused
 
     def _chunks(self, m: int):
         for a in range(0, m, self.chunk_size):
@@ -174,15 +178,37 @@ class VectorizedOps(_SupervisedBase):
         per = F.cross_entropy(logits.reshape(m * B, C), yb.reshape(m * B), reduction="none")
         return per.view(m, B).mean(dim=1)  # (m,)
 
+    def _shared_grads(self, clients, Z: SharedPoints, round, streams, salts):
+        """``grads`` of a request whose rows share points: per segment, chunks of whole
+        points (at most ``rows_per_call`` rows), each point's R rows in one GEMM."""
+        m = clients.numel()
+        G = torch.empty(m, self.dim, device=self.device, dtype=Z.dtype)
+        L = torch.empty(m, device=self.device, dtype=Z.dtype)
+        row = 0
+        for values, R in Z.segments:
+            step = max(1, self.chunk_size // R)  # points per call
+            for u in range(0, values.shape[0], step):
+                P = values[u : u + step].detach()
+                sl = slice(row + u * R, row + (u + P.shape[0]) * R)
+                xb, yb = self.batches.batch(clients[sl], round, streams[sl], salts[sl])
+                L[sl] = self.model.loss_grad(P, xb, yb, G[sl], R)
+            row += values.shape[0] * R
+        return G, L
+
     def grads(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
         salts, streams = rng.per_row(salt, m), rng.per_row(stream, m)
+        if isinstance(Z, SharedPoints):
+            if Z.rows != m:
+                raise ValueError(f"{m} request rows for {Z.rows} shared-point rows")
+            if self.fused:
+                return self._shared_grads(clients, Z, round, streams, salts)
+            Z = Z.materialize()
         G = torch.empty(m, self.dim, device=self.device, dtype=Z.dtype)
         L = torch.empty(m, device=self.device, dtype=Z.dtype)
-        fused = self.model.loss_grad is not None and not self.bf16
         for sl in self._chunks(m):
             xb, yb = self.batches.batch(clients[sl], round, streams[sl], salts[sl])
-            if fused:  # the hand-written fp32 backward
+            if self.fused:  # the hand-written fp32 backward
                 L[sl] = self.model.loss_grad(Z[sl].detach(), xb, yb, G[sl])
                 continue
             with torch.enable_grad():

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from raycobo import rng
 from raycobo.algorithms import ALGORITHMS, build_algorithm, evaluate
 from raycobo.config import with_overrides
 from raycobo.data import load_data
@@ -373,3 +374,37 @@ def test_freed_memory_is_kept_unless_the_user_set_the_thresholds():
     assert _freed_memory_kept({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}) == "False"
     # a malloc setting it does not touch leaves it free to set its own
     assert _freed_memory_kept({"MALLOC_ARENA_MAX": "2"}) == "True"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],  # the defaults: 2 minibatches per alignment gradient, bounded scores
+        ["algorithm.alignment_batches=1", "algorithm.alignment=inner"],
+        ["algorithm.rule=paper", "algorithm.sampling=full"],
+    ],
+)
+def test_shared_points_give_the_copied_points_numbers(digits_cfg, overrides):
+    """CoBo on the local engine's MLP asks for each midpoint once (SharedPoints: its 2k
+    requests as one GEMM); the state after the rounds is the one of the same rounds with
+    every request row its own copy of its point, bit for bit, and the shared request's
+    rows equal the materialized request's."""
+    from raycobo.algorithms.base import SharedPoints
+    from tests.helpers import assert_trees_equal
+
+    cfg = digits_cfg("algorithm.name=cobo", "rounds=8", *overrides)
+    data, ops, algo = build(cfg)
+    assert ops.shares_points
+    shared = run_rounds(algo, ops, 8)
+    ops.shares_points = False  # the copied rows
+    copied = run_rounds(algo, ops, 8)
+    assert_trees_equal(shared.__dict__, copied.__dict__)
+    ops.shares_points = True
+    mid, X = shared.X[:3], shared.X
+    points = SharedPoints(((mid, 4), (X, 1)))
+    clients = torch.cat([torch.arange(3).repeat_interleave(4), torch.arange(X.shape[0])])
+    G1, L1 = ops.grads(clients, points, 3, rng.ALIGN, 5)
+    G2, L2 = ops.grads(clients, points.materialize(), 3, rng.ALIGN, 5)
+    assert torch.equal(G1, G2) and torch.equal(L1, L2)
+    with pytest.raises(ValueError, match="request rows"):
+        ops.grads(clients[:-1], points, 3, rng.ALIGN, 5)
