@@ -53,23 +53,27 @@ class Execution:
 
 
 _MALLOC_TUNED = False
-TUNED = ("mmap_threshold", "trim_threshold")  # glibc's names of what keep_freed_memory sets
+# glibc's names of what keep_freed_memory sets (MALLOC_<NAME>_ in the environment)
+TUNED = ("mmap_threshold", "trim_threshold", "mmap_max")
 
 
-def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 30) -> bool:
-    """Let glibc keep freed blocks below 1 GiB in the process instead of returning them to
-    the system: a round allocates and frees the same activation and gradient buffers
-    every time, and with glibc's defaults each of those becomes an mmap/munmap pair and
-    fresh page faults. Measured (MLP, 2 threads, interleaved repetitions in fresh
-    processes): on the cross-device twin at 80 clients CoBo 49-85 -> 36-45 ms per round
-    with 32 MiB thresholds; raising them to 1 GiB (a round's gradient request, (2E + n)
-    x d floats, is 35-45 MB at 40 clients and ~0.1-0.2 GB at 160, above 32 MiB) took 40
-    clients from 45-51 to 29-30 ms and 160 clients from 242-284 to 172-181 ms, the
-    system time from 5 s to 0.7 s, at the same peak memory. Up to 1 GiB freed at the top
-    of the heap stays with the process. Once per process; glibc on Linux only (elsewhere
-    nothing happens), and not where the user set either threshold (MALLOC_MMAP_THRESHOLD_,
-    MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES in the environment). -> whether it was
-    applied"""
+def keep_freed_memory() -> bool:
+    """Let glibc keep the memory a round frees for the next round, instead of returning
+    it to the system: no block is served by its own mmap (M_MMAP_MAX 0) and the heap is
+    never trimmed (M_TRIM_THRESHOLD -1), so the process holds its peak heap, as torch's
+    CUDA caching allocator holds its peak on a GPU. A round allocates and frees the same
+    activation, gradient and minibatch buffers every time; with glibc's defaults each of
+    those above 128 KiB is an mmap/munmap pair with fresh page faults, and a threshold
+    only helps below it (a round's transient memory grows with the pairs it samples).
+    Measured (MLP, fresh processes, interleaved): 32 MiB thresholds took the cross-device
+    twin (80 clients, 2 threads) from 49-85 to 36-45 ms a round; 1 GiB ones took 40
+    clients from 45-51 to 29-30 ms and 160 clients from 242-284 to 172-181 ms; at 400
+    clients (fmnist-400-r1000, ~1,500 pairs a round, 1 thread) 1 GiB still left 315k page
+    faults a round (2.3-3.0 s a round) where this leaves none (1.6-1.7 s), at the same peak
+    resident memory (3.7-4.0 GB). Once per process; glibc on Linux only (elsewhere nothing
+    happens), and not where the user set any of these (MALLOC_MMAP_THRESHOLD_,
+    MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_MAX_ or GLIBC_TUNABLES in the environment).
+    -> whether it was applied"""
     global _MALLOC_TUNED
     if _MALLOC_TUNED:
         return True
@@ -85,9 +89,9 @@ def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 
         return False  # the user's own settings stand
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-        ok = libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1
-        ok = libc.mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1 and ok
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h
+        ok = libc.mallopt(M_MMAP_MAX, 0) == 1
+        ok = libc.mallopt(M_TRIM_THRESHOLD, -1) == 1 and ok
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     _MALLOC_TUNED = ok

@@ -371,6 +371,7 @@ def _freed_memory_kept(env: dict[str, str]) -> str:
 def test_freed_memory_is_kept_unless_the_user_set_the_thresholds():
     assert _freed_memory_kept({}) == "True"
     assert _freed_memory_kept({"MALLOC_TRIM_THRESHOLD_": "1000000"}) == "False"
+    assert _freed_memory_kept({"MALLOC_MMAP_MAX_": "65536"}) == "False"
     assert _freed_memory_kept({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}) == "False"
     # a malloc setting it does not touch leaves it free to set its own
     assert _freed_memory_kept({"MALLOC_ARENA_MAX": "2"}) == "True"
