@@ -82,12 +82,12 @@ fidelity-ablation: install data
 TUNED_CELLS = quad-2to10,quad-2x2,digits-8-r100,digits-8-r400,mnist1d-16,fmnist-16-rich,fmnist-80-r1000
 regimes: install data
 	$(PY) benchmarks/regimes/run.py --split test \
-		--candidates fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fourth-matrix,third-matrix,paper
+		--candidates eighteenth-matrix,fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fourth-matrix,third-matrix,paper
 	$(PY) benchmarks/regimes/run.py --split validation --no-baselines --sweep \
 		--cells $(TUNED_CELLS) --seeds 0,1
 	$(PY) benchmarks/regimes/run.py --split test --no-baselines --tuned --cells $(TUNED_CELLS)
 	$(PY) benchmarks/regimes/report.py --split test \
-		--entries cobo,tuned,fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fifth-matrix,fourth-matrix,third-matrix,paper \
+		--entries cobo,tuned,eighteenth-matrix,fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fifth-matrix,fourth-matrix,third-matrix,paper \
 		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png \
 		--scaling-plot benchmarks/regimes/scaling.png
 
