@@ -150,11 +150,9 @@ class Limit:
         )
 
 
-def round_limit(session, ops, t: int, repeats: int = 5) -> Limit:
-    """Record round ``t`` of a started session (and one evaluation), then ``repeats``
-    times, interleaved, run round t again from the same state and replay each heavy
-    operator it ran: its FLOPs by phase, the best replay and the best rerun (the
-    session's state is the recorded round's afterwards)."""
+def _record(session, ops, t: int) -> tuple[_Recorder, Counter]:
+    """Run round ``t`` and one evaluation under the recorder: the heavy operators by
+    phase, and the gradient rows by kind (alignment or model step)."""
     rec = _Recorder()
     rows = Counter()
     real_grads = ops.grads
@@ -172,7 +170,6 @@ def round_limit(session, ops, t: int, repeats: int = 5) -> Limit:
         finally:
             rec.phase = before
 
-    before = getattr(session, "state", None)  # rounds return new states (resume relies on it)
     own = ops.__dict__.get("grads")  # an instance's own grads, if it has one
     ops.grads = grads
     try:
@@ -186,12 +183,14 @@ def round_limit(session, ops, t: int, repeats: int = 5) -> Limit:
             del ops.grads  # the class's method again
         else:
             ops.grads = own
-    after = getattr(session, "state", None)
-    recorded = list(rec.seen.items())  # ((key, phase), count)
-    flops: dict = {}  # by key, counted once
-    cuda = getattr(getattr(ops, "device", None), "type", "cpu") == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    out = Limit(repeats=max(1, repeats))
+    return rec, rows
+
+
+def _best_of(session, t: int, before, recorded: list, out: Limit, sync) -> tuple[dict, dict]:
+    """``out.repeats`` times, interleaved: round t rerun from ``before`` (its best time
+    into ``out.round_ms``) and every recorded operator replayed. -> (the fastest replay's
+    milliseconds by phase, FLOPs per call by operator)"""
+    flops: dict = {}
     best: dict[str, float] | None = None
     for _ in range(out.repeats):
         if before is not None:
@@ -210,6 +209,22 @@ def round_limit(session, ops, t: int, repeats: int = 5) -> Limit:
             del op
         if best is None or sum(spent.values()) < sum(best.values()):
             best = spent
+    return best or {}, flops
+
+
+def round_limit(session, ops, t: int, repeats: int = 5) -> Limit:
+    """Record round ``t`` of a started session (and one evaluation), then ``repeats``
+    times, interleaved, run round t again from the same state and replay each heavy
+    operator it ran: its FLOPs by phase, the best replay and the best rerun (the
+    session's state is the recorded round's afterwards)."""
+    before = getattr(session, "state", None)  # rounds return new states (resume relies on it)
+    rec, rows = _record(session, ops, t)
+    after = getattr(session, "state", None)
+    recorded = list(rec.seen.items())  # ((key, phase), count)
+    cuda = getattr(getattr(ops, "device", None), "type", "cpu") == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    out = Limit(repeats=max(1, repeats))
+    best, flops = _best_of(session, t, before, recorded, out, sync)
     if after is not None:
         session.state = after
     for (key, phase), count in recorded:
@@ -218,7 +233,6 @@ def round_limit(session, ops, t: int, repeats: int = 5) -> Limit:
             out.eval_gflop += gflop
         else:
             out.gflop[phase] = out.gflop.get(phase, 0.0) + gflop
-    best = best or {}
     out.eval_limit_ms = best.pop("evaluation", 0.0)
     out.limit_ms = {phase: best.get(phase, 0.0) for phase in out.gflop}
     total = sum(rows.values())
