@@ -58,3 +58,27 @@ def test_per_row_column_and_generator():
     b = torch.rand(3, generator=rng.generator(0, rng.SAMPLER, 7))
     c = torch.rand(3, generator=rng.generator(0, rng.SAMPLER, 8))
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def _reference_hash(*keys: int) -> int:
+    """hash_ints on plain ints, key by key, with the Python finaliser above."""
+    h = None
+    for i, k in enumerate(keys):
+        mixed = _murmur_fmix32((k & 0xFFFFFFFF) + 0x9E3779B9 * (i + 1))
+        h = mixed if h is None else _murmur_fmix32(h ^ mixed)
+    return h
+
+
+def test_tensor_keys_of_any_size_and_sign_hash_as_their_low_32_bits():
+    """The CPU path (numpy uint32, wrapping products) and the device path (torch int64)
+    give the reference's integers for keys past 2**32 and below 0, with a tensor key
+    first, later int keys and 0-d tensors broadcast."""
+    g = torch.Generator().manual_seed(0)
+    big = torch.randint(-(2**40), 2**40, (6, 1), generator=g)
+    keys = (torch.tensor(-3), 2**33 + 5, big, torch.arange(3).reshape(1, -1), 9)
+    got = rng.hash_ints(*keys)
+    assert got.shape == (6, 3) and got.dtype == torch.int64
+    want = [[_reference_hash(-3, 2**33 + 5, int(b), k, 9) for k in range(3)] for b in big[:, 0]]
+    assert got.tolist() == want
+    assert rng._hash_torch(None, keys, 0).tolist() == want
+    assert rng.hash_ints(7, torch.tensor(5)).shape == ()
