@@ -904,7 +904,17 @@ def mean_of_batches(G: torch.Tensor, k: int) -> torch.Tensor:
     -> (m, d) (``G`` itself for k = 1)."""
     if k == 1:
         return G
-    return G.view(k, G.shape[0] // k, G.shape[1]).mean(dim=0)
+    return mean_over(G.view(k, G.shape[0] // k, G.shape[1]), 0)
+
+
+def mean_over(G: torch.Tensor, dim: int) -> torch.Tensor:
+    """``G.mean(dim)``, its floats; over two entries one addition and a halving: torch's
+    mean sums from 0 (0 + a + b is the float a + b, but for the sign of an exact zero)
+    and divides by the count, so this is its value without its output's zero fill and
+    strided reduction (a pass over the alignment gradients, tested)."""
+    if G.shape[dim] != 2:
+        return G.mean(dim=dim)
+    return torch.add(G.select(dim, 0), G.select(dim, 1)).div_(2)
 
 
 @dataclass(frozen=True)
@@ -1415,7 +1425,7 @@ class CoBo:
         k = int(self.cfg.alignment_batches)
         if by_pair:  # (E, k, 2, d): the minibatches' mean of each end, as mean_of_batches
             G = G_align.view(E, k, 2, -1)
-            G = G[:, 0] if k == 1 else G.mean(dim=1)  # (E, 2, d)
+            G = G[:, 0] if k == 1 else mean_over(G, 1)  # (E, 2, d)
             G_i, G_j = G[:, 0], G[:, 1]
         else:
             G_align = mean_of_batches(G_align, k)

@@ -10,7 +10,14 @@ import torch
 from torch.testing import assert_close
 
 from raycobo.algorithms import evaluate
-from raycobo.algorithms.cobo import CoBo, CoBoConfig, CoBoState, penalty, update_weights
+from raycobo.algorithms.cobo import (
+    CoBo,
+    CoBoConfig,
+    CoBoState,
+    mean_over,
+    penalty,
+    update_weights,
+)
 from raycobo.config import with_overrides
 from raycobo.data.quadratic import QuadraticProblem
 from raycobo.engine.quadratic import QuadraticOps
@@ -1470,3 +1477,14 @@ def test_closure_completes_the_clusters_the_sampler_leaves_half_measured(digits_
         pulled[closure] = (int((read & same & off).sum()) // 2, int((read & ~same).sum()) // 2)
     assert pulled[1.0][0] >= pulled[0.0][0] + 8, pulled
     assert pulled[1.0][0] >= 48 and pulled[1.0][1] == 0 and pulled[0.0][1] == 0, pulled
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_the_minibatches_mean_is_torchs_mean_bit_for_bit(k):
+    """mean_over replaces torch's mean of two minibatches' gradients by an addition and a
+    halving: the same bits, on every layout it is used on (by pair, batch-major)."""
+    G = torch.randn(9, k, 2, 301, generator=torch.Generator().manual_seed(k)) * 1e-3
+    for dim, T in ((1, G), (0, G.transpose(0, 1).reshape(k, 18, 301))):
+        got, want = mean_over(T, dim), T.mean(dim=dim)
+        assert got.shape == want.shape
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
