@@ -52,6 +52,12 @@ def _on_cpu(row: dict) -> bool:
     return row.get("device", "cpu") == "cpu"
 
 
+def _one_thread(row: dict) -> bool:
+    """A CPU run on one torch thread (rows written before run.py recorded ``threads`` ran
+    on one; the one that ran on two has the field, added by hand)."""
+    return _on_cpu(row) and row.get("threads", 1) == 1
+
+
 def current(rows: list[dict], shown: list[str] | None = None) -> tuple[list[dict], list[str]]:
     """The rows that count as their entry's run now: a row of the defaults (``cobo``) or
     of a candidate whose recorded settings differ from the entry's settings today (a
@@ -114,8 +120,8 @@ def summarize(rows: list[dict]) -> dict:
                 "mass_inside": _mean([r.get("mass_inside") for r in rs]),
                 "mass_pulled": _mean([r.get("mass_pulled_inside") for r in rs]),
                 # wall time on one CPU thread; rows from a GPU call (several runs at
-                # once on one GPU) are not timings of the cell and are left out
-                "seconds": _mean([r.get("seconds") for r in rs if _on_cpu(r)]),
+                # once on one GPU) or on more threads are not that and are left out
+                "seconds": _mean([r.get("seconds") for r in rs if _one_thread(r)]),
                 "devices": sorted({r.get("device", "cpu") for r in rs}),
                 "metric": key,
             }

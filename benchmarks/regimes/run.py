@@ -234,7 +234,10 @@ def same_settings(ran: dict | None, now: dict, cell: dict | None = None) -> bool
 
 
 def run_one(job: dict) -> dict:
-    """One run (in a worker process); -> its result line."""
+    """One run (in a worker process); -> its result line (``threads``: torch's threads
+    it ran with, the context of its ``seconds``)."""
+    import torch
+
     from raycobo import api
 
     cfg = cell_config(
@@ -265,6 +268,7 @@ def run_one(job: dict) -> dict:
         "diverged": diverged,
         "error": summary.get("error"),
         "seconds": round(time.perf_counter() - t0, 1),
+        "threads": torch.get_num_threads(),
         "device": job.get("device", "cpu"),
         "settings": settings,
         **w_shares(summary),
