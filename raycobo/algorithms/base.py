@@ -28,7 +28,9 @@ class SharedPoints:
     ops that sets ``shares_points`` takes it as ``grads``' Z and may compute each point's
     R rows together (the local engine's MLP: one GEMM of R minibatches on one copy of the
     point, where ``materialize`` would write R copies); its answer is the same, row for
-    row, as for ``materialize()``."""
+    row, as for ``materialize()``. Such an ops may also set ``request_rows``: the rows
+    of one request it answers best, which a method splits a larger request into where
+    it can (CoBo: its alignment gradients, a part of the pairs at a time)."""
 
     segments: tuple[tuple[torch.Tensor, int], ...]
 

@@ -886,6 +886,30 @@ def midpoints(
     return mid.add_(X.index_select(0, j)).mul_(0.5)
 
 
+def pair_requests(
+    X: torch.Tensor, edges: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The alignment requests of ``edges`` (E, 2) as shared points: their midpoints (E,
+    d), each asked 2k times pair by pair (i then j, for each of the k minibatches), with
+    those rows' clients and salts (2kE,) (each end's draw salted by its partner)."""
+    i, j = edges[:, 0], edges[:, 1]
+    ends = torch.stack([i, j], dim=1)  # (E, 2)
+    clients = ends.repeat(1, k).flatten()  # (E 2k,): i, j, i, j, ...
+    salts = batch_salts(ends.flip(1).flatten(), k).view(k, -1, 2).transpose(0, 1).flatten()
+    return midpoints(X, i, j), clients, salts
+
+
+def pair_parts(E: int, per: int) -> list[tuple[int, int]]:
+    """[a, b) ranges over E pairs of ``per`` pairs each (at least 2), the last taking a
+    single leftover pair: no part but a lone pair's own has one pair (a reduction over
+    one row splits its sum between threads, over several it does not)."""
+    per = max(2, per)
+    bounds = list(range(0, E, per)) + [E]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        del bounds[-2]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
 def batch_salts(salts: torch.Tensor, k: int) -> torch.Tensor:
     """The salts of ``k`` minibatches per alignment gradient (``alignment_batches``):
     batch 0 keeps the pair's own salt (k = 1 draws what Algorithm 1's round draws), batch
@@ -1402,16 +1426,36 @@ class CoBo:
         asked 2k times pair by pair (i then j, for each of the k minibatches), then the
         members' models once each; the rows draw what ``plan``'s rows draw (the same
         clients, streams and salts, in another order)."""
-        X = state.X
-        i, j = edges[:, 0], edges[:, 1]
         k = int(self.cfg.alignment_batches)
-        mid = midpoints(X, i, j)
-        models = X if state.active is None else X.index_select(0, members)
-        ends = torch.stack([i, j], dim=1)  # (E, 2)
-        clients = ends.repeat(1, k).flatten()  # (E 2k,): i, j, i, j, ...
-        salts = batch_salts(ends.flip(1).flatten(), k).view(k, -1, 2).transpose(0, 1).flatten()
+        mid, clients, salts = pair_requests(state.X, edges, k)
+        models = state.X if state.active is None else state.X.index_select(0, members)
         points = SharedPoints(((mid, 2 * k), (models, 1)))
         return RoundPlan(edges, clients, points, salts, members, by_pair=True)
+
+    def _round_in_parts(
+        self, state: CoBoState, t: int, ops: ClientOps, edges, members
+    ) -> tuple[CoBoState, dict]:
+        """``round`` for ops that take ``SharedPoints`` when its one request would exceed
+        ``ops.request_rows`` rows: the alignment gradients asked for a part of
+        the pairs at a time, each part reduced to its pairs' scores before the next
+        (memory: one part's gradients, not the round's 2kE rows of d floats), then the
+        model step's. The same numbers as one request: each row's gradient and each
+        pair's score do not depend on the rows beside it (parts of at least two pairs,
+        the layout of a reduction over several rows; tested)."""
+        X, k = state.X, int(self.cfg.alignment_batches)
+        state = self.faded(state, t)
+        scores = []
+        for a, b in pair_parts(edges.shape[0], ops.request_rows // (2 * k)):
+            mid, clients, salts = pair_requests(X, edges[a:b], k)
+            G, _ = ops.grads(clients, SharedPoints(((mid, 2 * k),)), t, rng.ALIGN, salts)
+            scores.append(self.pair_scores(state, G, b - a, by_pair=True))
+            del G, mid
+        if scores:  # Eq. (1)
+            state = self.apply_scores(state, edges, torch.cat(scores), t)
+        models = X if state.active is None else X.index_select(0, members)
+        G, L = ops.grads(members, SharedPoints(((models, 1),)), t, rng.STEP, 0)
+        state = self.step(state, members, G)  # Eq. (3), W^{t+1} and x^t
+        return state, self.stats(L, edges.shape[0], members.numel())
 
     def apply_alignment(
         self, state: CoBoState, edges, G_align: torch.Tensor, t: int, by_pair: bool = False
@@ -1422,6 +1466,13 @@ class CoBo:
         E = edges.shape[0]
         if E == 0:
             return state
+        return self.apply_scores(state, edges, self.pair_scores(state, G_align, E, by_pair), t)
+
+    def pair_scores(
+        self, state: CoBoState, G_align: torch.Tensor, E: int, by_pair: bool = False
+    ) -> torch.Tensor:
+        """The E pairs' alignment scores from their gradient rows (``apply_alignment``'s
+        layouts), (E,)."""
         k = int(self.cfg.alignment_batches)
         if by_pair:  # (E, k, 2, d): the minibatches' mean of each end, as mean_of_batches
             G = G_align.view(E, k, 2, -1)
@@ -1430,8 +1481,7 @@ class CoBo:
         else:
             G_align = mean_of_batches(G_align, k)
             G_i, G_j = G_align[:E], G_align[E:]
-        scores = alignment_scores(G_i, G_j, self.cfg.alignment, self.floor(state))
-        return self.apply_scores(state, edges, scores, t)
+        return alignment_scores(G_i, G_j, self.cfg.alignment, self.floor(state))
 
     def apply_scores(self, state: CoBoState, edges, scores: torch.Tensor, t: int) -> CoBoState:
         """Eq. (1) from round t's scores of the sampled pairs."""
@@ -1481,7 +1531,14 @@ class CoBo:
     def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
         if self.cfg.order == "models_first":
             return self._models_first(state, t, ops)
-        p = self.plan(state, t, ops, with_models=True)
+        if getattr(ops, "shares_points", False) and getattr(ops, "request_rows", None):
+            X, k = state.X, int(self.cfg.alignment_batches)
+            edges, members = self.sample_edges(state.active, t, ops.n_clients, X.device, state.W)
+            if 2 * k * edges.shape[0] + members.numel() > ops.request_rows:
+                return self._round_in_parts(state, t, ops, edges, members)
+            p = self._shared_plan(state, edges, members)
+        else:
+            p = self.plan(state, t, ops, with_models=True)
         E, n, A = p.edges.shape[0], p.members.numel(), p.align_clients.numel()
         # One engine request for the whole round (fewer round trips on remote engines):
         # rows [0, A) are the alignment gradients (A = 2E, times alignment_batches), rows

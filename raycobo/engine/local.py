@@ -163,6 +163,9 @@ class VectorizedOps(_SupervisedBase):
         # run as one GEMM on one copy of it (``SharedPoints``)
         self.fused = self.model.loss_grad is not None and not self.bf16
         self.shares_points = self.fused
+        # a request of shared points is asked in parts of at most one call's rows where
+        # the method can (CoBo's alignment: each part reduced to scores before the next)
+        self.request_rows = self.chunk_size if self.shares_points else None
 
     def _chunks(self, m: int):
         for a in range(0, m, self.chunk_size):

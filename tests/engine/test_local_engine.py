@@ -409,3 +409,50 @@ def test_shared_points_give_the_copied_points_numbers(digits_cfg, overrides):
     assert torch.equal(G1, G2) and torch.equal(L1, L2)
     with pytest.raises(ValueError, match="request rows"):
         ops.grads(clients[:-1], points, 3, rng.ALIGN, 5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("overrides", "per"),
+    [
+        ([], 2),  # the defaults: 2 minibatches per alignment gradient
+        (  # 36 pairs a round in parts of 5, the last of 6; d = 38,410, past the
+            # size where torch's reductions start to use both threads
+            [
+                "model.hidden=[512]",
+                "algorithm.alignment_batches=1",
+                "algorithm.sampling=full",
+                "data.partition.num_clusters=3",
+                "data.partition.clients_per_cluster=3",
+            ],
+            5,
+        ),
+    ],
+)
+def test_a_round_asked_in_parts_gives_the_one_requests_numbers(digits_cfg, overrides, per, threads):
+    """Where a round's request exceeds the ops' ``request_rows``, CoBo asks its alignment
+    gradients a few pairs at a time and reduces each part to scores: the state after
+    the rounds is the one of a single request per round, bit for bit, on one thread and
+    on two (where a reduction over one row alone would split between the threads)."""
+    from raycobo.algorithms.cobo import pair_parts
+    from tests.helpers import assert_trees_equal
+
+    assert pair_parts(7, 3) == [(0, 3), (3, 7)] and pair_parts(1, 5) == [(0, 1)]
+    assert pair_parts(0, 4) == [] and pair_parts(6, 1) == [(0, 2), (2, 4), (4, 6)]
+    cfg = digits_cfg("algorithm.name=cobo", "rounds=6", *overrides)
+    data, ops, algo = build(cfg)
+    calls, grads = [], ops.grads
+    ops.grads = lambda *a, **kw: calls.append(a[0].numel()) or grads(*a, **kw)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        whole = run_rounds(algo, ops, 6)
+        one = len(calls)  # a request a round (and the start's)
+        k = algo.cfg.alignment_batches
+        ops.request_rows = 2 * k * per + 1  # parts of ``per`` pairs
+        parted = run_rounds(algo, ops, 6)
+    finally:
+        torch.set_num_threads(before)
+    assert len(calls) - one > one + 6
+    assert max(calls[one:]) <= max(2 * k * (per + 1), data.n_clients)
+    assert_trees_equal(whole.__dict__, parted.__dict__)
