@@ -417,9 +417,11 @@ def sweep(
 
 
 def _say_sweep(summary: dict) -> None:
-    n, failed, stopped = summary["num_trials"], summary["failed"], summary["interrupted"]
-    typer.echo(f"{n} trials, {failed} failed, {stopped} unfinished; results in {summary['root']}")
-    if stopped:
+    counts = ", ".join(
+        f"{summary[k]} {k}" for k in ("completed", "stopped", "failed", "interrupted")
+    )
+    typer.echo(f"{summary['num_trials']} trials: {counts}; results in {summary['root']}")
+    if summary["interrupted"]:
         _fail(
             f"sweep interrupted; continue it with: raycobo sweep --resume {summary['root']}",
             code=130,
@@ -427,9 +429,17 @@ def _say_sweep(summary: dict) -> None:
     best = summary["best"]
     if best is None:
         _fail("no trial finished with the metric; see sweep_summary.json", code=1)
-    metric = summary["metric"]
-    typer.echo(f"best {metric}: {best['metrics'][metric]:.4g} with {best['config']}")
+    metric, split = summary["metric"], summary["chosen_on"]
+    marked = "" if split == "validation" else " (chosen on the TEST split: optimistic)"
+    value = best["metrics"][metric]
+    typer.echo(f"best {metric} on {split}: {value:.4g} with {best['config']}{marked}")
+    test = summary.get("test")
+    if test is not None:
+        shown = test.get(metric)
+        value = f"{shown:.4g}" if isinstance(shown, int | float) else "-"
+        typer.echo(f"on test (run once, {test['run_dir']}): {metric} {value}")
     typer.echo(f"best config: {summary['best_config']}  (raycobo run {summary['best_config']})")
+    typer.echo(f"report: {Path(summary['root']) / 'sweep_report.html'}")
 
 
 bench_app = typer.Typer(help="Throughput and scaling measurements (figures, not tests).")

@@ -36,6 +36,17 @@ class RunContext:
         self.requests.append(("leave", list(clients)))
 
 
+class StopRun(Exception):  # noqa: N818 - a decision, not an error
+    """Raised by a callback in ``on_eval`` to end the run there, by someone's decision (a
+    sweep's scheduler): the run is recorded ``stopped`` -- by whom, at which round, with
+    the metrics of that evaluation -- its checkpoints are kept, and ``run_experiment``
+    returns instead of raising."""
+
+    def __init__(self, by: str):
+        super().__init__(f"stopped by {by}")
+        self.by = by
+
+
 class Callback(Protocol):
     def on_run_start(self, ctx: RunContext) -> None: ...
     def on_round_end(self, ctx: RunContext, round: int, stats: dict[str, float]) -> None: ...

@@ -22,7 +22,7 @@ from typing import Any
 
 from raycobo.config import Config, ConfigError, load_stored_config, with_overrides
 from raycobo.engine import Session, Task, open_session
-from raycobo.lifecycle.callbacks import Callback, RunContext
+from raycobo.lifecycle.callbacks import Callback, RunContext, StopRun
 from raycobo.lifecycle.loop import Loop, RunState, change_membership
 from raycobo.lifecycle.result import Result
 from raycobo.lifecycle.run_dir import RESUMABLE_KEYS, Resume, RunDir, stored_config_path
@@ -109,26 +109,31 @@ def run_experiment(
     callbacks: list[Callback] | tuple[Callback, ...] = (),
     progress: Any = None,
     resume: bool = False,
+    start_from: Path | None = None,
 ) -> Result:
     """Run ``cfg`` and write its run directory. ``progress`` is an optional object with
     ``start(total)``, ``advance(stats, row)`` and ``stop()`` (``raycobo.lifecycle.progress``).
     ``resume``: continue the run in ``out`` from its latest checkpoint (from round 0 when
-    it has none)."""
+    it has none). ``start_from``: a new run that starts from another run's checkpoint
+    (its models, W, round and history) under ``cfg``'s settings -- how population-based
+    training continues a better trial with perturbed values; the summary names it."""
     if resume and out is None:
         raise ConfigError("resume needs the run directory to continue")
+    if resume and start_from is not None:
+        raise ConfigError("a run either resumes its own directory or starts from a checkpoint")
     cfg = cfg.pinned()  # the record says what ran, whatever later defaults are
     writer = RunDir(Path(out) if out is not None else default_run_dir(cfg), cfg)
     signals = _Signals()
     signals.install()
     try:
         found = writer.open(resume)  # the lock, the checks, config.yaml, a running summary
-        return _run(cfg, writer, found, list(callbacks), progress, signals)
+        return _run(cfg, writer, found, list(callbacks), progress, signals, start_from)
     finally:
         writer.close()
         signals.restore()
 
 
-def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals) -> Result:
+def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals, start_from):
     ctx = RunContext(cfg, writer.path, provenance=writer.provenance)
     start = time.perf_counter()
     session: Session | None = None
@@ -145,9 +150,9 @@ def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals
         ctx.resumed_mlflow_run_id = found.mlflow_run_id if found is not None else None
         for cb in callbacks:
             cb.on_run_start(ctx)
-        rs = _restore_or_start(cfg, session, found)
+        rs = _restore_or_start(cfg, session, found, start_from)
         loop = Loop(cfg, session, task, ctx, rs, writer, callbacks, start)
-        if found is None or found.checkpoint is None:
+        if not rs.history:  # a new run (or one resumed before its first checkpoint)
             loop.first_evaluation()
         if progress is not None:
             progress.start(cfg.rounds, done=rs.round)
@@ -156,6 +161,12 @@ def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals
             if progress is not None:
                 progress.advance(stats, row)
         summary = _finish(cfg, session, task, ctx, rs, found, start, writer)
+        if start_from is not None:
+            summary["started_from"] = str(start_from)
+            writer.write_summary(summary)
+    except StopRun as stop:  # a callback's decision (a sweep's scheduler): not a failure
+        with signals.deferred():
+            summary = _record_stop(stop, writer, ctx, rs, start)
     except BaseException as err:  # keep what was measured, say where, re-raise
         with signals.deferred():
             last, unwritten = _record_failure(err, writer, ctx, rs, start, callbacks)
@@ -176,9 +187,15 @@ def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals
     return Result(writer.path, summary)
 
 
-def _restore_or_start(cfg: Config, session: Session, found: Resume | None) -> RunState:
+def _restore_or_start(
+    cfg: Config, session: Session, found: Resume | None, start_from: Path | None
+) -> RunState:
     if found is not None and found.data is not None:
         return RunState.restore(session, found.data)
+    if start_from is not None:
+        from raycobo.lifecycle.checkpoint import read_checkpoint
+
+        return RunState.restore(session, read_checkpoint(Path(start_from)))
     session.start()
     rs = RunState()
     change_membership(cfg, session, rs, "leave", cfg.initially_absent(), 0)
@@ -224,6 +241,18 @@ def _record_failure(err, writer: RunDir, ctx: RunContext, rs, start, callbacks):
         with contextlib.suppress(Exception):  # reporting must not mask the error
             cb.on_run_end(ctx, ended)
     return last, unwritten
+
+
+def _record_stop(stop: StopRun, writer: RunDir, ctx: RunContext, rs, start) -> dict:
+    """The ``stopped`` summary: who stopped the run, the round, the last evaluation's
+    metrics (the callbacks are told by the caller, as for a completed run)."""
+    last = rs.history[-1] if rs is not None and rs.history else {}
+    metrics = {k: last.get(k) for k in ("mean_accuracy", "mean_loss", "mean_perplexity")}
+    progress = (rs.round, rs.compact_history(), rs.wall_before) if rs is not None else None
+    wall = time.perf_counter() - start
+    extra = {"stopped_by": stop.by, **metrics}
+    round_, _ = writer.fail("stopped", None, progress, wall, ctx.mlflow_run_id, extra)
+    return {"status": "stopped", "last_round": round_, **extra}
 
 
 def _finish(cfg, session: Session, task: Task, ctx, rs: RunState, found, start, writer) -> dict:

@@ -4,7 +4,8 @@
 - ``config.yaml``        the fully resolved config (written first)
 - ``summary.json``       ``status: running`` from the start, then replaced atomically by the
                          final summary (``completed``) or by ``failed`` / ``interrupted``
-                         with the error and the last round reached
+                         with the error and the last round reached, or ``stopped`` (a
+                         sweep's scheduler ended it early) with who and its last metrics
 - ``metrics.csv``        one row per evaluation and client (appended and flushed)
 - ``rounds.csv``         per-round statistics (train loss, sampled edges, gradients, ...)
 - ``checkpoints/``       ``round_000120.pt``: everything needed to continue the run
@@ -148,6 +149,19 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
         elif a != b:
             out.append(dotted)
     return out
+
+
+def config_changes(saved: dict[str, Any], cfg: Config) -> list[str]:
+    """The keys in which ``cfg`` differs from the config a checkpoint recorded, but for
+    those a resumed run may change (``rounds``, the OPERATIONAL keys)."""
+    from raycobo.config import stored_tree
+
+    saved = stored_tree(json.loads(json.dumps(saved)))  # read as config.yaml is
+    return [
+        k
+        for k in changed_keys(saved, cfg.to_dict())
+        if k not in RESUMABLE_KEYS and not k.startswith(OPERATIONAL)
+    ]
 
 
 class _CsvLog:
@@ -372,15 +386,7 @@ class RunDir(BaseCallback):
         naming the keys."""
         if saved is None:  # checkpoints of versions that did not record it
             return
-        from raycobo.config import stored_tree
-
-        saved = stored_tree(json.loads(json.dumps(saved)))  # read as config.yaml is
-        now = self.cfg.to_dict()
-        diff = [
-            k
-            for k in changed_keys(saved, now)
-            if k not in RESUMABLE_KEYS and not k.startswith(OPERATIONAL)
-        ]
+        diff = config_changes(saved, self.cfg)
         if diff:
             shown = ", ".join(diff[:6]) + (", ..." if len(diff) > 6 else "")
             raise ConfigError(
@@ -463,8 +469,10 @@ class RunDir(BaseCallback):
         progress: tuple[int, list[dict[str, Any]], float] | None,
         wall_seconds: float,
         mlflow_run_id: str | None,
+        extra: dict[str, Any] | None = None,
     ) -> tuple[int, str | None]:
-        """The failure path: ``progress`` is (last round, history, seconds before this
+        """The failure path (and a ``stopped`` run's, whose ``extra`` says by whom and
+        its last metrics): ``progress`` is (last round, history, seconds before this
         session) of a run that had started, or None when it failed while starting (a
         resumed directory still holds its checkpoint and the history up to it). Writes
         the minimal summary first (small, so it fits where little space is left), then
@@ -488,6 +496,7 @@ class RunDir(BaseCallback):
                 "last_round": last,
                 "rounds": self.cfg.rounds,
                 "checkpoint": str(latest) if latest is not None else None,
+                **(extra or {}),
             }
             try:
                 self.write_summary({**found.previous, "extension": extension})
@@ -501,6 +510,7 @@ class RunDir(BaseCallback):
             **self.identity(),
             "checkpoint": str(latest) if latest is not None else None,
             "mlflow_run_id": mlflow_run_id,
+            **(extra or {}),
         }
         try:
             self.write_summary(minimal)

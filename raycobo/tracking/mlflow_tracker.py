@@ -100,15 +100,17 @@ class MLflowTracker(BaseCallback):
         parent: MLflowTracker | str | None = None,
         role: ParentRole | None = None,
         run_dir: Path | None = None,
+        tags: dict[str, str] | None = None,
     ):
         """``parent``: a run id, or the tracker of a parent run (compare, sweep) whose id
         is read when this run starts. ``role``: this run is itself such a parent: it
         records what it is (its entries or search space) instead of one method's
-        settings."""
+        settings. ``tags``: more tags for the run (a sweep's: trial or final test run)."""
         self.cfg = cfg
         self.parent = parent
         self.role = role
         self.run_dir = run_dir  # where the run's folder is kept, if not where it runs
+        self.tags = dict(tags or {})
         self.uri = resolve_uri(cfg.uri)
         self.run_name = run_name
         self.quiet = quiet
@@ -171,6 +173,7 @@ class MLflowTracker(BaseCallback):
             tags = {
                 "raycobo.lifecycle.run_dir": str((self.run_dir or ctx.run_dir).resolve()),
                 **mlflow_tags(ctx.provenance or provenance()),
+                **self.tags,
             }
             if self.role is None:
                 tags["raycobo.algorithm"] = ctx.cfg.algorithm.name
@@ -274,12 +277,16 @@ class MLflowTracker(BaseCallback):
                 self._guard(self.client.log_artifact, self.run_id, str(path))
         if (ctx.run_dir / "plots").is_dir():
             self._guard(self.client.log_artifacts, self.run_id, str(ctx.run_dir / "plots"), "plots")
+        if summary.get("status") == "stopped":  # a scheduler's decision: the run ended well
+            for key in ("stopped_by", "last_round"):
+                self._guard(self.client.set_tag, self.run_id, f"raycobo.{key}", summary[key])
         self._guard(self.client.set_terminated, self.run_id, mlflow_status(summary))
 
 
 def mlflow_status(summary: dict[str, Any]) -> str:
-    """MLflow's end status for a raycobo summary status."""
-    return {"completed": "FINISHED", "interrupted": "KILLED"}.get(
+    """MLflow's end status for a raycobo summary status (a run a sweep's scheduler
+    stopped early ended as it was asked to: FINISHED, with tags saying so)."""
+    return {"completed": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}.get(
         summary.get("status", "failed"), "FAILED"
     )
 

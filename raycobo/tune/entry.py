@@ -35,7 +35,7 @@ def tune_entry(cfg: Config, space: Path, out: Path) -> dict[str, Any]:
     spec = read_spec(Path(space))
     base = tuning_base(cfg)
     check_space(spec, base, Path(space))
-    summary = run_sweep(spec, base, out)
+    summary = run_sweep(spec, base, out, final=False)  # the comparison runs the pick
     if summary["best"] is None:
         raise ConfigError(
             f"tuning with {space} found no finished trial with {spec.metric}; see "

@@ -10,8 +10,9 @@ space:                                # dotted config keys -> Tune distributions
   algorithm.sampling: {grid: [constant, time, mixed]}
 metric: mean_accuracy
 mode: max
-scheduler: {kind: asha, grace_period: 2, reduction_factor: 2}
-search: random                         # random | grid | optuna
+scheduler: {kind: asha, grace_period: 2}  # fifo | asha | hyperband | median | pbt
+search: random                         # random | grid | optuna | hyperopt
+evaluate_on: validation                # trials scored on validation; best then run on test
 num_samples: 8
 max_concurrent: 2
 resources: {cpu: 1, gpu: 0}
@@ -31,7 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raycobo.config import (
     Config,
@@ -50,11 +51,49 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# which scheduler reads which of SchedulerSpec's keys (a key set for another is refused)
+SCHEDULER_KEYS = {
+    "fifo": set(),
+    "asha": {"grace_period", "reduction_factor", "max_t"},
+    "hyperband": {"reduction_factor", "max_t"},
+    "median": {"grace_period", "min_samples_required"},
+    "pbt": {"perturbation_interval", "quantile_fraction", "resample_probability", "synch"},
+}
+
+
 class SchedulerSpec(_Strict):
-    kind: Literal["fifo", "asha"] = "fifo"
+    """When trials are stopped early (or, for PBT, continued from a better trial's
+    checkpoint with perturbed settings). Times are counted in *evaluations* (every
+    ``eval_every`` rounds); a scheduler never cuts a trial's last evaluation short."""
+
+    kind: Literal["fifo", "asha", "hyperband", "median", "pbt"] = "fifo"
+    # asha, median: evaluations a trial runs before it may be stopped
     grace_period: int = Field(default=1, ge=1)
+    # asha, hyperband: 1 / the share of trials kept at each rung
     reduction_factor: float = Field(default=2.0, gt=1)
+    # asha, hyperband: the longest a trial runs, in evaluations (default: the whole run)
     max_t: int | None = Field(default=None, ge=1)
+    # median: trials that must report before one is compared against their median
+    min_samples_required: int = Field(default=3, ge=1)
+    # pbt: evaluations between exploit/explore steps
+    perturbation_interval: int = Field(default=2, ge=1)
+    # pbt: the bottom share that copies the top share
+    quantile_fraction: float = Field(default=0.25, gt=0, le=0.5)
+    # pbt: chance that an explored value is drawn anew instead of perturbed
+    resample_probability: float = Field(default=0.25, ge=0, le=1)
+    # pbt: every trial reaches a perturbation point before any goes on (which trials
+    # continue from which then does not depend on their timing; slower)
+    synch: bool = False
+
+    @model_validator(mode="after")
+    def _keys_of_its_kind(self) -> SchedulerSpec:
+        unread = sorted(self.model_fields_set - {"kind"} - SCHEDULER_KEYS[self.kind])
+        if unread:
+            raise ValueError(
+                f"'{unread[0]}' does nothing with kind {self.kind} (it reads: "
+                f"{', '.join(sorted(SCHEDULER_KEYS[self.kind])) or 'no other key'})"
+            )
+        return self
 
 
 class ResourceSpec(_Strict):
@@ -77,7 +116,15 @@ class SweepSpec(_Strict):
     metric: Literal["mean_accuracy", "mean_loss", "w_within", "w_across"] = "mean_accuracy"
     mode: Literal["min", "max"] = "max"
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
-    search: Literal["random", "grid", "optuna"] = "random"
+    # random and grid: Tune's own generator (grid keys expanded, the others sampled);
+    # optuna, hyperopt: model-based search (pip install 'raycobo[tune-search]'), which
+    # sample every key ('grid' is refused there: use 'choice')
+    search: Literal["random", "grid", "optuna", "hyperopt"] = "random"
+    # what trials are scored on: each client's validation part (held out of its training
+    # data, data.validation_fraction or 0.2), after which the best configuration runs
+    # once on the test split (the sweep's reported result); or 'test', choosing on the
+    # numbers then reported (marked so in every output)
+    evaluate_on: Literal["validation", "test"] = "validation"
     num_samples: int = Field(default=4, ge=1)
     max_concurrent: int | None = Field(default=None, ge=1)
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
@@ -134,6 +181,9 @@ def load_sweep(
     apply_overrides(base_tree, overrides or [])
     base = validate(base_tree)
     check_space(spec, base, p)
+    from raycobo.tune.search import check_search
+
+    check_search(spec)
     return spec, base
 
 

@@ -1,9 +1,12 @@
 """``raycobo sweep``: Ray Tune over dotted config keys, every trial tracked in MLflow.
 
-Each trial runs the same code as ``raycobo run`` (``run_experiment``) on its sampled
-config, reports every evaluation to Tune (so ASHA can stop bad trials early), and logs
-an MLflow run nested under the sweep's parent run. At the end the best trial's resolved
-config is written as ``best_config.yaml``, which ``raycobo run`` accepts as is.
+Each trial runs the same code as ``raycobo run`` (``run_experiment``, see
+``raycobo.tune.trial``) on its sampled config, scored on each client's validation part
+unless the spec says ``evaluate_on: test``, and reports every evaluation to Tune (so a
+scheduler can stop bad trials early). Each trial is an MLflow run nested under the
+sweep's parent run. At the end the best trial's values run once on the test split
+(``final/``): that is the sweep's result, and its config is ``best_config.yaml``, which
+``raycobo run`` accepts as is; ``sweep_report.html`` shows the trials.
 """
 
 from __future__ import annotations
@@ -11,9 +14,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import shutil
-import tempfile
-import typing
+import sys
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,138 +29,13 @@ from raycobo.config import (
     validate,
     with_overrides,
 )
-from raycobo.lifecycle.callbacks import BaseCallback, RunContext
-from raycobo.tune.console import console_to_log, sampled_values, trial_lines, trial_number
+from raycobo.lifecycle.callbacks import RunContext
+from raycobo.tune.console import console_to_log, trial_lines
+from raycobo.tune.search import check_search, describe, grid_size, scheduler, searcher
 from raycobo.tune.space import SweepSpec, tune_space
+from raycobo.tune.trial import LINEAGE_FILE, REPORTED, trainable
 
-REPORTED = typing.get_args(SweepSpec.model_fields["metric"].annotation)  # what trials report
-
-
-class TuneReporter(BaseCallback):
-    """Reports every evaluation to Tune; ``round`` becomes the scheduler's time axis.
-    The sweep's metric is always present (NaN when a diverging run has no value). When
-    the run wrote a checkpoint at this round, it goes with the report, so Tune can
-    restart the trial from it (a retry, or ``raycobo sweep --resume``)."""
-
-    def __init__(self, metric: str):
-        self.metric = metric
-
-    def on_eval(self, ctx: RunContext, round: int, metrics: dict[str, Any]) -> None:
-        from ray import tune
-
-        report = {k: metrics[k] for k in REPORTED if metrics.get(k) is not None}
-        report.setdefault(self.metric, float("nan"))
-        report["round"] = round
-        if ctx.checkpoint is None or ctx.checkpoint[0] != round:
-            tune.report(report)
-            return
-        with tempfile.TemporaryDirectory(prefix="raycobo-ckpt-") as tmp:
-            path = ctx.checkpoint[1]
-            shutil.copy2(path, Path(tmp) / path.name)
-            tune.report(report, checkpoint=tune.Checkpoint.from_directory(tmp))
-
-
-def _take_tune_checkpoint(out: Path, kept: Path | None = None) -> bool:
-    """A restarted trial: the checkpoint Tune hands back goes into the run directory's
-    checkpoints/; without one, the checkpoints of the trial's own run that the sweep
-    folder kept (``kept``: Tune's saved state can miss the newest checkpoint when the
-    sweep is stopped while a trial reports it, and the trial would start over). ->
-    whether the trial continues a run (resume)"""
-    from ray import tune
-
-    from raycobo.lifecycle.checkpoint import list_checkpoints
-
-    def take(folder: Path) -> bool:
-        found = list_checkpoints(folder)
-        for _, path in found:
-            (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-            target = out / "checkpoints" / path.name
-            if not target.exists():
-                shutil.copy2(path, target)
-        return bool(found)
-
-    given = tune.get_checkpoint()
-    if given is not None:
-        with given.as_directory() as d:
-            take(Path(d))
-        return True
-    taken = kept is not None and kept.resolve() != out.resolve() and take(kept / "checkpoints")
-    return (out / "config.yaml").is_file() or taken
-
-
-def trial(params: dict[str, Any]) -> None:
-    """The Tune trainable: ``params`` holds the resolved base config and the sampled keys.
-    A config the sampled values make invalid ends the trial with its one-line error
-    (reported as ``config_error``) instead of raising: a retry could not succeed."""
-    from ray import tune
-
-    from raycobo.lifecycle.experiment import run_experiment
-    from raycobo.tracking import MLflowTracker
-
-    try:
-        base = validate(engine_keys_before_rounds(params["__base__"]))  # a sweep from before
-        sampled = {k: v for k, v in params.items() if not k.startswith("__")}
-        cfg = with_overrides(base, sampled)
-        callbacks: list[Any] = [TuneReporter(params["__metric__"])]
-        out = Path(tune.get_context().get_trial_dir()) / "run"
-        # the run works in Ray's session folder; Tune keeps it in the sweep's own
-        kept = Path(params["__storage__"]) / out.parent.name / "run"
-        if cfg.tracking.enabled:
-            name = trial_name(cfg.name, tune.get_context().get_trial_id(), sampled)
-            callbacks.append(
-                MLflowTracker(
-                    cfg.tracking, run_name=name, parent=params["__parent__"], run_dir=kept
-                )
-            )
-        run_experiment(cfg, out, callbacks, resume=_take_tune_checkpoint(out, kept))
-    except ConfigError as err:
-        tune.report({params["__metric__"]: float("nan"), "config_error": str(err)})
-
-
-def trial_name(base_name: str, trial_id: str, sampled: dict[str, Any]) -> str:
-    """A trial's MLflow run name: its number and its sampled values, shortest first
-    (``quad #3 lr=0.1 sampling=full``), so the runs list shows what each trial tried."""
-    return f"{base_name} #{trial_number(trial_id)} {sampled_values(sampled)}".strip()[:250]
-
-
-def _scheduler(spec: SweepSpec, base: Config):
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-
-    s = spec.scheduler
-    if s.kind == "asha":
-        evals = max(1, base.rounds // base.eval_every)
-        return ASHAScheduler(
-            time_attr="training_iteration",
-            max_t=s.max_t or evals + 1,
-            grace_period=s.grace_period,
-            reduction_factor=s.reduction_factor,
-        )
-    return FIFOScheduler()
-
-
-def _search(spec: SweepSpec):
-    if spec.search == "optuna":
-        try:
-            from ray.tune.search.optuna import OptunaSearch
-        except ImportError:
-            raise ConfigError(
-                "invalid sweep key 'search': optuna is not installed (pip install optuna)"
-            ) from None
-        return OptunaSearch()
-    return None  # Tune's default generator: random sampling and grid expansion
-
-
-def _grid_size(spec: SweepSpec) -> int:
-    """Trials per sample: Tune expands every grid key (the product of their lengths;
-    with optuna, grids are not expanded)."""
-    if spec.search == "optuna":
-        return 1
-    size = 1
-    for dist in spec.space.values():
-        kind, arg = next(iter(dist.items()))
-        if kind == "grid":
-            size *= len(arg)
-    return size
+FINAL_DIR = "final"  # the best configuration's run on the test split
 
 
 def _trial_plan(spec: SweepSpec, base: Config):
@@ -203,9 +80,13 @@ def run_sweep(
     out: Path | None = None,
     num_samples: int | None = None,
     smoke_test: bool = False,
+    final: bool = True,
 ) -> dict[str, Any]:
     """A new sweep into ``out`` (default ``runs/<time>-<name>``). Everything it needs to
-    be resumed goes into the sweep directory (``sweep.yaml``)."""
+    be resumed goes into the sweep directory (``sweep.yaml``). ``final``: run the best
+    configuration once on the test split when trials were scored on validation (a
+    comparison's tuning runs its entries itself)."""
+    check_search(spec)
     if smoke_test:
         over: dict[str, Any] = {"rounds": min(base.rounds, spec.smoke.rounds)}
         ev = spec.smoke.eval_every or max(1, over["rounds"] // 4)
@@ -218,16 +99,19 @@ def run_sweep(
         raise ConfigError(
             f"{root} already holds a sweep; continue it with: raycobo sweep --resume {root}"
         )
-    base = _trial_base(spec, base)
-    record = {"name": name, "num_samples": samples, "spec": spec.model_dump(mode="json")}
+    base = _located(spec, base)
+    _scored(spec, base)  # a base that cannot hold out validation data: refused now
+    record = {"name": name, "num_samples": samples, "final": final}
+    record["spec"] = spec.model_dump(mode="json", exclude_unset=True)
     record["base"] = base.to_dict()
     (root / SWEEP_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
-    return _launch(spec, base, root, name, samples, False)
+    return _launch(spec, base, root, name, samples, False, final)
 
 
 def resume_sweep(root: Path, trust_files: bool = False) -> dict[str, Any]:
     """Continue a sweep from its directory alone: the unfinished and failed trials go on
-    from their checkpoints with the settings the sweep started with."""
+    from their checkpoints with the settings the sweep started with (and then the final
+    test run, continued where it stopped)."""
     from raycobo.lifecycle.trust import check_trusted
 
     root = Path(root).resolve()
@@ -240,8 +124,9 @@ def resume_sweep(root: Path, trust_files: bool = False) -> dict[str, Any]:
     # the base is the config as given (not pinned): only the renamed engine keys are read
     # as the version that wrote them ran them
     base = validate(engine_keys_before_rounds(record["base"]))
-    spec = SweepSpec.model_validate(record["spec"])
-    return _launch(spec, base, root, record["name"], record["num_samples"], True)
+    spec = SweepSpec.model_validate(_recorded_spec(record["spec"]))
+    final = record.get("final", True)
+    return _launch(spec, base, root, record["name"], record["num_samples"], True, final)
 
 
 def tune_digests(root: Path) -> dict[str, str]:
@@ -296,18 +181,50 @@ def check_tune_files(root: Path) -> None:
         )
 
 
-def _launch(spec, base, root: Path, name: str, samples: int, resume: bool) -> dict:
-    """The MLflow parent, Tune's fit, and the digests of Tune's files however it ends."""
+def _recorded_spec(tree: dict[str, Any]) -> dict[str, Any]:
+    """A spec as sweep.yaml recorded it; earlier versions wrote every scheduler key,
+    also those its kind does not read (which a spec given now may not set)."""
+    from raycobo.tune.space import SCHEDULER_KEYS
+
+    sched = dict(tree.get("scheduler") or {})
+    kind = sched.get("kind", "fifo")
+    reads = SCHEDULER_KEYS.get(kind, set())
+    sched = {k: v for k, v in sched.items() if k == "kind" or k in reads}
+    return {**tree, "scheduler": sched}
+
+
+def _launch(spec, base, root: Path, name: str, samples: int, resume: bool, final: bool):
+    """The MLflow parent, Tune's fit, the final test run, and the digests of Tune's
+    files however it ends."""
     from ray import tune
 
     from raycobo.engine.ray import start_ray
 
+    print(_start_line(spec, base, root, name, samples), file=sys.stderr, flush=True)
     with console_to_log(root):  # Ray's and Tune's chatter into sweep.log
         start_ray(base)
-        return _tracked_fit(spec, base, root, name, samples, resume, tune)
+        return _tracked_fit(spec, base, root, name, samples, resume, final, tune)
 
 
-def _tracked_fit(spec, base, root: Path, name: str, samples: int, resume: bool, tune):
+def _start_line(spec: SweepSpec, base: Config, root: Path, name: str, samples: int) -> str:
+    """What the sweep is about to do, before Ray starts (which takes seconds)."""
+    total = samples * grid_size(spec)
+    where = (
+        "trials scored on validation, the best then run on test"
+        if spec.evaluate_on == "validation"
+        else "trials scored on the TEST split (evaluate_on: test)"
+    )
+    res = f"{spec.resources.cpu:g} CPU" + (
+        f" + {spec.resources.gpu:g} GPU" if spec.resources.gpu else ""
+    )
+    at_once = f", {spec.max_concurrent} at once" if spec.max_concurrent else ""
+    return (
+        f"sweep {name}: {total} trials of {base.rounds} rounds, {describe(spec)}; "
+        f"{where}; {res} a trial{at_once}; log: {root / 'sweep.log'}"
+    )
+
+
+def _tracked_fit(spec, base, root: Path, name, samples, resume: bool, final: bool, tune):
     from raycobo.tracking import MLflowTracker, ParentRole
 
     state = json.loads((root / STATE_FILE).read_text()) if (root / STATE_FILE).is_file() else {}
@@ -318,6 +235,8 @@ def _tracked_fit(spec, base, root: Path, name: str, samples: int, resume: bool, 
             {
                 "sweep.metric": f"{spec.metric} ({spec.mode})",
                 "sweep.search": spec.search,
+                "sweep.scheduler": spec.scheduler.kind,
+                "sweep.evaluate_on": spec.evaluate_on,
                 "sweep.num_samples": samples,
                 **{f"sweep.space.{k}": json.dumps(v) for k, v in spec.space.items()},
             },
@@ -330,9 +249,20 @@ def _tracked_fit(spec, base, root: Path, name: str, samples: int, resume: bool, 
     state = {"mlflow_parent": parent.run_id if parent is not None else None}
     (root / STATE_FILE).write_text(json.dumps(state))
     try:
-        lines = trial_lines(tune, samples * _grid_size(spec), spec.metric)
+        lines = trial_lines(
+            tune,
+            samples * grid_size(spec),
+            spec.metric,
+            base.rounds,
+            spec.scheduler.kind,
+            spec.mode,
+        )
         results = _fit(spec, base, root, samples, resume, state["mlflow_parent"], tune, lines)
-        summary = _summarize(spec, root, name, results, state["mlflow_parent"])
+        summary = _summarize(spec, base, root, name, results, state["mlflow_parent"])
+        if final and summary["best"] is not None and spec.evaluate_on == "validation":
+            summary["test"] = _final_run(spec, base, root, name, summary, state["mlflow_parent"])
+            _write_summary(root, summary)
+        _write_report(root, summary)
     except BaseException as err:
         if parent is not None:
             status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
@@ -347,18 +277,28 @@ def _tracked_fit(spec, base, root: Path, name: str, samples: int, resume: bool, 
             state["signature"] = sign(signed_record(root, state["tune_digests"]))
             (root / STATE_FILE).write_text(json.dumps(state))
     if parent is not None:
-        status = "interrupted" if summary["interrupted"] else "completed"
-        best = summary["best"]
-        if best is not None:
-            parent.log_summary_metrics({f"best_{spec.metric}": best["metrics"][spec.metric]})
-        parent.on_run_end(RunContext(base, root), {"status": status})
-        parent.log_files([root / "sweep_summary.json"])
+        _log_parent(parent, spec, base, root, summary)
     summary["root"] = str(root)
     return summary
 
 
-def _trial_base(spec: SweepSpec, base: Config) -> Config:
-    """The base config every trial starts from: tracking locations every process finds,
+def _log_parent(parent, spec: SweepSpec, base: Config, root: Path, summary: dict) -> None:
+    """The parent MLflow run: the best trial's score (on the split it was chosen on), the
+    final test score, the summary and the report."""
+    status = "interrupted" if summary["interrupted"] else "completed"
+    best, test = summary["best"], summary.get("test")
+    metrics: dict[str, float | None] = {}
+    if best is not None:
+        metrics[f"best_{spec.metric}"] = best["metrics"][spec.metric]
+    if test is not None:
+        metrics[f"test_{spec.metric}"] = test[spec.metric]
+    parent.log_summary_metrics(metrics)
+    parent.on_run_end(RunContext(base, root), {"status": status})
+    parent.log_files([root / "sweep_summary.json", root / "sweep_report.html"])
+
+
+def _located(spec: SweepSpec, base: Config) -> Config:
+    """The base config as the sweep keeps it: tracking locations every process finds,
     and on the Ray engine the host layout that the trial's bundles hold."""
     from raycobo.engine.ray import with_host_plan
     from raycobo.tracking.mlflow_tracker import absolute_locations
@@ -369,39 +309,62 @@ def _trial_base(spec: SweepSpec, base: Config) -> Config:
     return base
 
 
+def _scored(spec: SweepSpec, base: Config) -> Config:
+    """The config every trial starts from: scored on validation (held out of each
+    client's training data) unless the spec asks for the test split; under PBT, a
+    checkpoint at every perturbation point (where it continues trials from)."""
+    from raycobo.tune.entry import tuning_base
+
+    if spec.evaluate_on == "validation":
+        base = tuning_base(base)
+    else:
+        base = with_overrides(base, {"data.evaluate_on": "test"})
+    if spec.scheduler.kind == "pbt":  # a checkpoint at each point PBT may continue from
+        every = spec.scheduler.perturbation_interval * base.eval_every
+        base = with_overrides(base, {"checkpoint.every": every})
+    return base
+
+
 def _fit(spec, base, root: Path, samples: int, resume: bool, parent_id, tune, lines=None):
     """Run (or restore) the Tuner; ``lines``: a callback printing each finished trial
     (a restored Tuner keeps its own callbacks). -> its ResultGrid"""
-    trainable = tune.with_resources(trial, _resources(spec, base))
+    trainable_ = tune.with_resources(trainable(), _resources(spec, base))
     if resume:
-        tuner = tune.Tuner.restore(str(root / "tune"), trainable=trainable, resume_errored=True)
-    else:
-        space = tune_space(spec)
-        space["__base__"] = base.to_dict()
-        space["__parent__"] = parent_id
-        space["__metric__"] = spec.metric
-        space["__storage__"] = str(root / "tune")  # where Tune keeps the trials' folders
-        tuner = tune.Tuner(
-            trainable,
-            param_space=space,
-            tune_config=tune.TuneConfig(
-                metric=spec.metric,
-                mode=spec.mode,
-                scheduler=_scheduler(spec, base),
-                search_alg=_search(spec),
-                num_samples=samples,
-                max_concurrent_trials=spec.max_concurrent,
-                time_budget_s=spec.time_budget_s,
+        tuner = tune.Tuner.restore(str(root / "tune"), trainable=trainable_, resume_errored=True)
+        return tuner.fit()
+    space = tune_space(spec)
+    space["__base__"] = _scored(spec, base).to_dict()
+    space["__parent__"] = parent_id
+    space["__metric__"] = spec.metric
+    space["__stopper__"] = spec.scheduler.kind
+    space["__deadline__"] = time.time() + spec.time_budget_s if spec.time_budget_s else None
+    space["__storage__"] = str(root / "tune")  # where Tune keeps the trials' folders
+    tuner = tune.Tuner(
+        trainable_,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            metric=spec.metric,
+            mode=spec.mode,
+            scheduler=scheduler(spec, base),
+            search_alg=searcher(spec, base),
+            num_samples=samples,
+            max_concurrent_trials=spec.max_concurrent,
+            time_budget_s=spec.time_budget_s,
+            reuse_actors=False,  # every trial (and PBT step) starts and ends the same way
+        ),
+        run_config=tune.RunConfig(
+            name="tune",
+            storage_path=str(root),
+            verbose=0,
+            callbacks=[lines] if lines is not None else None,
+            failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+            # PBT continues trials from others' checkpoints at its perturbation points
+            # (the only ones its trials write): Tune keeps them all
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=None if spec.scheduler.kind == "pbt" else base.checkpoint.keep
             ),
-            run_config=tune.RunConfig(
-                name="tune",
-                storage_path=str(root),
-                verbose=0,
-                callbacks=[lines] if lines is not None else None,
-                failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=base.checkpoint.keep),
-            ),
-        )
+        ),
+    )
     return tuner.fit()
 
 
@@ -415,65 +378,173 @@ def _saved_statuses(path: Path) -> dict[str, tuple[str, str]]:
     return {Path(t.path).name: (t.trial_id, t.status) for t in ExperimentAnalysis(str(path)).trials}
 
 
-def _trial_rows(results, statuses: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+def _run_summary(trial_path: str) -> dict[str, Any]:
+    from raycobo.lifecycle.run_dir import read_summary
+
+    return read_summary(Path(trial_path) / "run") or {}
+
+
+def _trial_rows(results, statuses, rounds: int, stopper: str) -> list[dict[str, Any]]:
     rows = []
     for r in results:
         metrics = r.metrics or {}
         live = (metrics.get("trial_id"), "TERMINATED" if r.error is None else "ERROR")
         tid, saved = statuses.get(Path(r.path).name, live)
+        reached = metrics.get("round")
+        run = _run_summary(r.path)
+        stopped_by = None
         if r.error is not None or metrics.get("config_error") or saved == "ERROR":
             status = "error"
+        elif run.get("status") == "completed" or (saved == "TERMINATED" and reached == rounds):
+            status = "completed"  # (Tune's last saved state can predate the trial's end)
         elif saved == "TERMINATED":
-            status = "completed"
-        else:  # stopped before its last round (Ctrl-C, time budget)
+            status = "stopped"  # by the scheduler, or by the sweep's time budget
+            stopped_by = run.get("stopped_by") or stopper
+        else:  # stopped before its last round (Ctrl-C, an unfinished sweep)
             status = "interrupted"
+            if run.get("status") == "stopped":  # Tune ended it as it ends a stopped trial
+                _say_interrupted(Path(r.path) / "run", run)
         error = metrics.get("config_error") or (
             str(r.error).strip().splitlines()[-1][:300] if r.error else None
         )
+        lineage = Path(r.path) / LINEAGE_FILE
         rows.append(
             {
                 "trial_id": tid,
                 "config": {k: v for k, v in (r.config or {}).items() if not k.startswith("__")},
                 "metrics": {k: metrics.get(k) for k in (*REPORTED, "round")},
                 "status": status,
+                "stopped_by": stopped_by,
                 "error": error,
                 "node": metrics.get("node_ip"),  # where its last result came from
                 "path": r.path,
+                "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None,
             }
         )
     return rows
 
 
-def _summarize(spec, root: Path, name: str, results, parent_id) -> dict[str, Any]:
-    """sweep_summary.json, and best_config.yaml: the config the best finished trial ran."""
-    trials = _trial_rows(results, _saved_statuses(root / "tune"))
-    ok = [
-        t
-        for t in trials
-        if t["status"] == "completed" and t["metrics"].get(spec.metric) is not None
-    ]
-    best = None
+def _say_interrupted(run_dir: Path, run: dict[str, Any]) -> None:
+    """A trial the sweep's own interruption ended reads ``interrupted`` (Tune stops it as
+    it stops a trial its scheduler ends: the trial could not tell); resumed with the
+    sweep. The trial's process is gone: the sweep writes its folder now."""
+    from raycobo.lifecycle.files import atomic_write_text
+
+    fixed = {**run, "status": "interrupted", "error": "the sweep was interrupted"}
+    fixed.pop("stopped_by", None)
+    with contextlib.suppress(OSError):
+        atomic_write_text(run_dir / "summary.json", json.dumps(fixed, indent=2))
+
+
+def _pick_best(spec: SweepSpec, trials: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The best trial that ran its whole length (with the metric); only when none did,
+    the best of those a scheduler stopped (e.g. ``max_t`` below the run's length)."""
+    for status in ("completed", "stopped"):
+        ok = [
+            t for t in trials if t["status"] == status and t["metrics"].get(spec.metric) is not None
+        ]
+        if ok:
+            pick = max if spec.mode == "max" else min
+            return pick(ok, key=lambda t: t["metrics"][spec.metric])
+    return None
+
+
+def _summarize(spec, base: Config, root: Path, name: str, results, parent_id) -> dict[str, Any]:
+    """sweep_summary.json, and best_config.yaml: the config of the best trial's values
+    on the base's own split (the config the final test run runs)."""
+    statuses = _saved_statuses(root / "tune")
+    trials = _trial_rows(results, statuses, base.rounds, spec.scheduler.kind)
+    best = _pick_best(spec, trials)
     (root / "best_config.yaml").unlink(missing_ok=True)  # of an earlier, unfinished fit
-    if ok:
-        pick = max if spec.mode == "max" else min
-        best = pick(ok, key=lambda t: t["metrics"][spec.metric])
-        ran = Path(best["path"]) / "run" / "config.yaml"
+    if best is not None:
+        chosen = _final_config(spec, base, best)
         (root / "best_config.yaml").write_text(
             f"# raycobo run {root / 'best_config.yaml'}\n"
-            f"# the config of the best finished trial of sweep '{name}' by {spec.metric} "
-            f"({spec.mode}): {best['metrics'][spec.metric]}\n" + ran.read_text()
+            f"# the best trial of sweep '{name}' by {spec.metric} ({spec.mode}) on the "
+            f"{spec.evaluate_on} split: {best['metrics'][spec.metric]}\n" + chosen.to_yaml()
         )
     summary = {
         "name": name,
         "metric": spec.metric,
         "mode": spec.mode,
+        "search": spec.search,
+        "scheduler": spec.scheduler.kind,
+        "chosen_on": spec.evaluate_on,
         "num_trials": len(trials),
+        "completed": sum(t["status"] == "completed" for t in trials),
+        "stopped": sum(t["status"] == "stopped" for t in trials),
         "failed": sum(t["status"] == "error" for t in trials),
         "interrupted": sum(t["status"] == "interrupted" for t in trials),
         "best": best,
         "best_config": str(root / "best_config.yaml") if best else None,
+        "test": None,
         "mlflow_parent_run_id": parent_id,
         "trials": trials,
     }
-    (root / "sweep_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    _write_summary(root, summary)
     return summary
+
+
+def _write_summary(root: Path, summary: dict[str, Any]) -> None:
+    body = {k: v for k, v in summary.items() if k != "root"}
+    (root / "sweep_summary.json").write_text(json.dumps(body, indent=2, default=str))
+
+
+def _final_config(spec: SweepSpec, base: Config, best: dict[str, Any]) -> Config:
+    """The best trial's values on the base config as given (its own split and data: no
+    validation part held out when the base holds out none)."""
+    cfg = with_overrides(base, best["config"])
+    return with_overrides(cfg, {"data.evaluate_on": "test"}) if spec.evaluate_on == "test" else cfg
+
+
+def _final_run(spec, base: Config, root: Path, name: str, summary, parent_id) -> dict[str, Any]:
+    """The best configuration run once on the test split, into ``final/`` (a resumed
+    sweep continues or keeps it). -> its test figures"""
+    from raycobo.lifecycle.experiment import run_experiment
+    from raycobo.lifecycle.run_dir import read_summary
+    from raycobo.tracking import MLflowTracker
+
+    cfg = _final_config(spec, base, summary["best"])
+    out = root / FINAL_DIR
+    done = read_summary(out) or {}
+    same = (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == (
+        cfg.pinned().to_yaml()
+    )
+    if not (same and done.get("status") == "completed"):
+        if out.exists() and not same:  # the best changed (a resumed sweep): run anew
+            import shutil
+
+            shutil.rmtree(out)
+        print(
+            f"best on validation: {spec.metric} {summary['best']['metrics'][spec.metric]:.4g}; "
+            f"running it once on the test split ({out})",
+            file=sys.stderr,
+            flush=True,
+        )
+        callbacks: list[Any] = []
+        if cfg.tracking.enabled:
+            callbacks.append(
+                MLflowTracker(
+                    cfg.tracking,
+                    run_name=f"{name} best on test",
+                    parent=parent_id,
+                    run_dir=out,
+                    tags={"raycobo.sweep_role": "final_test"},
+                )
+            )
+        resume = (out / "config.yaml").is_file()
+        done = run_experiment(cfg, out, callbacks, resume=resume).summary
+    return {
+        "mean_accuracy": done.get("mean_accuracy"),
+        "mean_loss": done.get("mean_loss"),
+        "w_within": (done.get("cluster_agreement") or {}).get("w_within"),
+        "w_across": (done.get("cluster_agreement") or {}).get("w_across"),
+        "run_dir": str(out),
+    }
+
+
+def _write_report(root: Path, summary: dict[str, Any]) -> None:
+    from raycobo.tune.report import write_sweep_report
+
+    with contextlib.suppress(OSError):  # a report is a view: the summary stands without it
+        write_sweep_report(root, summary)

@@ -113,7 +113,15 @@ def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_pa
     assert len(trial_lines) == 4, res.output
     assert sum("(failed)" in x for x in trial_lines) == 2
     assert all("lr=" in x and "sampling=" in x and "mean_loss" in x for x in trial_lines)
-    assert len(lines) <= 4 + 4, res.output
+    # a start line saying what runs and where; status lines while trials run; then the
+    # result: counts, the best on validation, its one test run, the files
+    assert lines[0].startswith("sweep t: 4 trials of 40 rounds, search random, scheduler fifo")
+    assert "scored on validation" in lines[0] and "sweep.log" in lines[0]
+    status = [x for x in lines if x.startswith("  ") and " s: " in x]
+    assert all("running" in x and "failed" in x for x in status)
+    assert len(lines) - len(status) <= 1 + 4 + 6, res.output
+    assert "4 trials: 2 completed, 0 stopped, 2 failed, 0 interrupted" in res.output
+    assert "best mean_loss on validation" in res.output and "on test (run once" in res.output
     for chatter in ("Configuration for experiment", "TensorBoard", "WARNING"):
         assert chatter not in res.output
     assert "Configuration for experiment" in (out / "sweep.log").read_text()
@@ -130,10 +138,15 @@ def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_pa
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     parent = [r for r in runs if r.info.run_id == summary["mlflow_parent_run_id"]]
-    trials = [
+    children = [
         r for r in runs if r.data.tags.get("mlflow.parentRunId") == summary["mlflow_parent_run_id"]
     ]
-    assert len(parent) == 1 and len(trials) == 4
+    trials = [r for r in children if r.data.tags["raycobo.sweep_role"] == "trial"]
+    final = [r for r in children if r.data.tags["raycobo.sweep_role"] == "final_test"]
+    assert len(parent) == 1 and len(trials) == 4 and len(final) == 1
+    assert final[0].info.status == "FINISHED"
+    assert final[0].data.params["data.evaluate_on"] == "test"
+    assert all(r.data.params["data.evaluate_on"] == "validation" for r in trials)
     # the parent records what it searched, not one trial's settings
     pp, ptags = parent[0].data.params, parent[0].data.tags
     assert ptags["raycobo.kind"] == "sweep" and "raycobo.algorithm" not in ptags
@@ -167,7 +180,11 @@ def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_pa
     )
     assert res.exit_code == 0, res.output
     rerun = json.loads((tmp_path / "rerun" / "summary.json").read_text())
-    assert rerun["mean_loss"] == pytest.approx(summary["best"]["metrics"]["mean_loss"], rel=1e-6)
+    # best_config.yaml is what the final test run ran: the base's own split, the best values
+    assert cfg.data.evaluate_on == "test" and summary["chosen_on"] == "validation"
+    assert rerun["mean_loss"] == pytest.approx(summary["test"]["mean_loss"], rel=1e-6)
+    final = json.loads((out / "final" / "summary.json").read_text())
+    assert final["status"] == "completed" and final["mean_loss"] == summary["test"]["mean_loss"]
 
 
 def test_a_sweep_can_be_resumed_from_its_directory(tmp_path):
@@ -414,26 +431,27 @@ def test_a_metric_typo_stops_before_any_sweep_runs(tmp_path):
     assert s.exit_code == 2 and "invalid sweep key 'metric'" in s.stderr
 
 
-def test_a_restarted_trial_without_tunes_checkpoint_continues_from_its_kept_run(
-    tmp_path, monkeypatch
-):
+def test_a_restarted_trial_continues_its_own_run_from_the_newest_checkpoint(tmp_path):
     """The interrupted-sweep test above failed twice in full-suite runs (never alone): a
-    resumed trial started over from round 0 though its run had checkpoints. Without a
-    checkpoint from Tune (whose saved state can miss the newest one when the sweep stops
-    while a trial reports it), the checkpoints the sweep folder kept of that trial's run
-    are taken; a first attempt (nothing kept) starts fresh."""
-    from ray import tune
+    resumed trial started over from round 0 though its run had checkpoints. A trial's run
+    lives in the sweep's own folder, so without a checkpoint from Tune (whose saved state
+    can miss the newest one when the sweep stops while a trial reports it) the run
+    resumes from its own; a checkpoint Tune hands back joins them without replacing a
+    newer one; a first attempt (nothing there) starts fresh."""
+    from raycobo.tune.trial import _take_checkpoint
 
-    from raycobo.tune.sweep import _take_tune_checkpoint
-
-    monkeypatch.setattr(tune, "get_checkpoint", lambda: None)
-    kept = tmp_path / "sweep" / "tune" / "trial_0" / "run"
-    out = tmp_path / "session" / "trial_0" / "run"
-    assert _take_tune_checkpoint(out, kept) is False and not (out / "checkpoints").exists()
-    (kept / "checkpoints").mkdir(parents=True)
+    out = tmp_path / "sweep" / "tune" / "trial_0" / "run"
+    assert _take_checkpoint(out, None) is False and not (out / "checkpoints").exists()
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "config.yaml").write_text("name: x\n")
     for r in (100, 200):
-        (kept / "checkpoints" / f"round_{r:06d}.pt").write_bytes(b"ckpt %d" % r)
-    assert _take_tune_checkpoint(out, kept) is True
+        (out / "checkpoints" / f"round_{r:06d}.pt").write_bytes(b"ckpt %d" % r)
+    assert _take_checkpoint(out, None) is True
+    given = tmp_path / "tune-checkpoint"
+    given.mkdir()
+    (given / "round_000100.pt").write_bytes(b"tune's copy")
+    (given / "round_000050.pt").write_bytes(b"ckpt 50")
+    assert _take_checkpoint(out, given) is True
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert names == ["round_000100.pt", "round_000200.pt"]
-    assert (out / "checkpoints" / "round_000200.pt").read_bytes() == b"ckpt 200"
+    assert names == ["round_000050.pt", "round_000100.pt", "round_000200.pt"]
+    assert (out / "checkpoints" / "round_000100.pt").read_bytes() == b"ckpt 100"
