@@ -200,20 +200,18 @@ def _launch(spec, base, root: Path, name: str, samples: int, resume: bool, final
 
     from raycobo.engine.ray import start_ray
 
-    print(_start_line(spec, base, root, name, samples), file=sys.stderr, flush=True)
+    print(_start_line(spec, base, root, name, samples, final), file=sys.stderr, flush=True)
     with console_to_log(root):  # Ray's and Tune's chatter into sweep.log
         start_ray(base)
         return _tracked_fit(spec, base, root, name, samples, resume, final, tune)
 
 
-def _start_line(spec: SweepSpec, base: Config, root: Path, name: str, samples: int) -> str:
+def _start_line(spec, base: Config, root: Path, name: str, samples: int, final: bool) -> str:
     """What the sweep is about to do, before Ray starts (which takes seconds)."""
     total = samples * grid_size(spec)
-    where = (
-        "trials scored on validation, the best then run on test"
-        if spec.evaluate_on == "validation"
-        else "trials scored on the TEST split (evaluate_on: test)"
-    )
+    where = "trials scored on the TEST split (evaluate_on: test)"
+    if spec.evaluate_on == "validation":
+        where = "trials scored on validation" + (", the best then run on test" if final else "")
     res = f"{spec.resources.cpu:g} CPU" + (
         f" + {spec.resources.gpu:g} GPU" if spec.resources.gpu else ""
     )

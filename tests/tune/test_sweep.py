@@ -455,3 +455,44 @@ def test_a_restarted_trial_continues_its_own_run_from_the_newest_checkpoint(tmp_
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert names == ["round_000050.pt", "round_000100.pt", "round_000200.pt"]
     assert (out / "checkpoints" / "round_000100.pt").read_bytes() == b"ckpt 100"
+
+
+@pytest.mark.slow
+def test_every_shipped_space_runs_end_to_end_on_a_tiny_budget(tmp_path):
+    """Each tune_spaces/ file as a user runs it, on a tiny budget (its --smoke-test,
+    digits instead of Fashion-MNIST, a few rounds): `raycobo sweep` for the sweep files
+    (trials end completed or stopped, the best then runs once on test), and the tuning
+    sweep of `compare --tune ENTRY=FILE` for the others (on validation, no final run)."""
+    from raycobo.comparison.plan import entry_config
+    from raycobo.tune.entry import tuning_base
+    from raycobo.tune.space import read_spec
+    from raycobo.tune.sweep import run_sweep
+
+    root = Path(__file__).resolve().parents[2]
+    tiny = ["data.name=digits", "data.fraction=0.5", "rounds=8", "eval_every=4"]
+    tiny += ["tracking.enabled=false"]
+    for path in sorted((root / "tune_spaces").glob("*.yaml")):
+        out = tmp_path / path.stem
+        if path.name.startswith("tune_"):
+            entry = path.stem.removeprefix("tune_")
+            cfg = load_config(root / "examples" / "quickstart.yaml", tiny)
+            spec = read_spec(path)
+            summary = run_sweep(
+                spec, tuning_base(entry_config(cfg, entry)), out, smoke_test=True, final=False
+            )
+            assert summary["chosen_on"] == "validation" and summary["test"] is None, path
+        else:
+            over = tiny if "quickstart" in path.read_text() else ["tracking.enabled=false"]
+            res = CliRunner().invoke(
+                app, ["sweep", str(path), "--smoke-test", "--out", str(out), *over]
+            )
+            assert res.exit_code == 0, (path, res.output)
+            summary = json.loads((out / "sweep_summary.json").read_text())
+            assert summary["test"] is not None and (out / "sweep_report.html").is_file()
+        statuses = {t["status"] for t in summary["trials"]}
+        assert statuses <= {"completed", "stopped", "error"}, path
+        # (tune_fedavg_ft's ft_steps all need more than the tiny run's rounds)
+        assert summary["best"] is not None or path.name == "tune_fedavg_ft.yaml", path
+        # errors only where the space itself names a value the tiny run cannot take
+        for t in summary["trials"]:
+            assert t["status"] != "error" or "ft_steps" in (t["error"] or ""), (path, t)
