@@ -92,6 +92,9 @@ def run_sweep(out: Path, smoke: bool) -> None:
         return
     over = ["tracking.enabled=false"]
     spec, base = load_sweep(REPO / "tune_spaces" / "ditto_lambda.yaml", over)
+    # a scan of every (lambda, lr) against Local's test accuracy, not a choice: each
+    # trial is scored on the test split (the sweep marks it so)
+    spec = spec.model_copy(update={"evaluate_on": "test"})
     print("[ditto-sweep] Ditto's lambda x lr on the quickstart", flush=True)
     sweep(spec, base, root, smoke_test=smoke)
 

@@ -403,3 +403,71 @@ def test_a_statistic_that_starts_later_widens_the_rounds_file(tmp_path):
     again.close()
     rows = list(csv.DictReader(path.open()))
     assert [r["train_loss"] for r in rows] == ["", "0.5", "0.125"]
+
+
+class _StopAtEval(BaseCallback):
+    """Ends the run at the evaluation of ``round``, as a sweep's scheduler would."""
+
+    def __init__(self, round: int):
+        self.round, self.ended = round, None
+
+    def on_eval(self, ctx, round, metrics):
+        from raycobo.lifecycle.callbacks import StopRun
+
+        if round == self.round:
+            raise StopRun("asha")
+
+    def on_run_end(self, ctx, summary):
+        self.ended = summary
+
+
+def test_a_callback_that_stops_the_run_ends_it_stopped_with_its_last_metrics(tmp_path, quad_cfg):
+    """StopRun from on_eval: no exception reaches the caller, summary.json says stopped,
+    by whom, at which round, with that evaluation's metrics and the checkpoint written
+    there; the callbacks hear the same; the CSVs stop at that round; a resume finishes
+    the run with the numbers of one never stopped."""
+    cfg = quad_cfg("rounds=20", "eval_every=5")
+    whole = run_experiment(cfg, tmp_path / "whole")
+    stop = _StopAtEval(10)
+    res = run_experiment(cfg, tmp_path / "cut", [stop])
+    s = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert res.summary["status"] == s["status"] == "stopped" and s["stopped_by"] == "asha"
+    assert s["last_round"] == 10 and s["checkpoint"].endswith("round_000010.pt")
+    ten = next(h for h in whole.summary["history"] if h["round"] == 10)
+    assert s["mean_loss"] == ten["mean_loss"]
+    assert [h["round"] for h in s["history"]] == [0, 5, 10]
+    assert stop.ended["status"] == "stopped" and stop.ended["last_round"] == 10
+    rows = (tmp_path / "cut" / "metrics.csv").read_text().splitlines()[1:]
+    assert {int(r.split(",")[0]) for r in rows} == {0, 5, 10}
+    again = run_experiment(resume_config(tmp_path / "cut"), tmp_path / "cut", resume=True)
+    assert again.summary["status"] == "completed" and again.summary["resumed_from_round"] == 10
+    assert again.summary["mean_loss"] == whole.summary["mean_loss"]
+    from raycobo.tracking.mlflow_tracker import mlflow_status
+
+    assert mlflow_status(s) == "FINISHED"
+
+
+def test_a_run_started_from_another_runs_checkpoint_continues_its_state(tmp_path, quad_cfg):
+    """``start_from`` (how PBT continues a better trial): a new run directory whose
+    first round is the checkpoint's, with the checkpoint's models, W and history. Under
+    the same settings it ends bit for bit where the donor ends; under a perturbed step
+    size it goes on from the donor's state (its history up to the checkpoint is the
+    donor's) to other numbers; its summary names the checkpoint."""
+    own = ("algorithm.sampling=constant", "algorithm.sampling_samples=0")
+    cfg = quad_cfg("rounds=20", "eval_every=5", "checkpoint.keep=10", *own)
+    donor = run_experiment(cfg, tmp_path / "donor")
+    at10 = tmp_path / "donor" / "checkpoints" / "round_000010.pt"
+    same = run_experiment(cfg, tmp_path / "same", start_from=at10)
+    assert same.summary["started_from"] == str(at10)
+    assert same.summary["mean_loss"] == donor.summary["mean_loss"]
+    assert same.summary["collaboration"] == donor.summary["collaboration"]
+    assert_trees_equal(final_state(tmp_path / "donor"), final_state(tmp_path / "same"))
+    other = run_experiment(
+        with_overrides(cfg, {"algorithm.lr": 0.05}), tmp_path / "o", start_from=at10
+    )
+    assert other.summary["status"] == "completed" and other.summary["last_round"] == 20
+    head = lambda h: [(r["round"], r["mean_loss"]) for r in h if r["round"] <= 10]  # noqa: E731
+    assert head(other.summary["history"]) == head(donor.summary["history"])
+    assert other.summary["mean_loss"] != donor.summary["mean_loss"]
+    with pytest.raises(ConfigError, match="either resumes"):
+        run_experiment(cfg, tmp_path / "o", resume=True, start_from=at10)

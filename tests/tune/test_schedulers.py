@@ -212,3 +212,21 @@ def test_a_pbt_space_over_other_than_method_settings_is_refused(tmp_path):
     )
     with pytest.raises(ConfigError, match="space.batch_size"):
         load_sweep(path)
+
+
+def test_a_space_that_chooses_on_the_test_split_says_so_everywhere(tmp_path):
+    """`evaluate_on: test` given in the space: trials are scored on the test split, no
+    final run follows, and the start line, the closing lines, the summary and the report
+    mark the choice as made on the test split."""
+    res, summary, out = sweep(
+        tmp_path, "ontest", "  algorithm.lr: {grid: [0.3, 0.1]}", "evaluate_on: test"
+    )
+    assert summary["chosen_on"] == "test" and summary["test"] is None
+    assert not (out / "final").exists()
+    assert "trials scored on the TEST split" in res.output.splitlines()[0]
+    assert "chosen on the TEST split" in res.output and "on test (run once" not in res.output
+    assert "Chosen on the TEST split" in (out / "sweep_report.html").read_text()
+    from raycobo.config import load_config
+
+    for t in summary["trials"]:
+        assert load_config(Path(t["path"]) / "run" / "config.yaml").data.evaluate_on == "test"
