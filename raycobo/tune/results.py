@@ -87,9 +87,11 @@ def _say_interrupted(run_dir: Path, run: dict[str, Any]) -> None:
 
 
 def _pick_best(spec: SweepSpec, trials: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The best trial that ran its whole length (with the metric); only when none did,
-    the best of those a scheduler stopped (e.g. ``max_t`` below the run's length)."""
-    for status in ("completed", "stopped"):
+    """The best trial that ran its whole length (with the metric); only when none did
+    and every trial has ended, the best of those a scheduler stopped (e.g. ``max_t``
+    below the run's length)."""
+    ended = not any(t["status"] == "interrupted" for t in trials)
+    for status in ("completed", "stopped") if ended else ("completed",):
         ok = [
             t for t in trials if t["status"] == status and t["metrics"].get(spec.metric) is not None
         ]
@@ -183,7 +185,10 @@ def final_run(spec, base: Config, root: Path, name: str, summary, parent_id) -> 
                 )
             )
         resume = (out / "config.yaml").is_file()
-        done = run_experiment(cfg, out, callbacks, resume=resume).summary
+        from raycobo.lifecycle.progress import RoundProgress
+
+        shown = RoundProgress(f"{name} best on test")  # a bar on a terminal, else lines
+        done = run_experiment(cfg, out, callbacks, shown, resume=resume).summary
     return {
         "mean_accuracy": done.get("mean_accuracy"),
         "mean_loss": done.get("mean_loss"),

@@ -202,7 +202,35 @@ def _launch(spec, base, root: Path, name: str, samples: int, resume: bool, final
     print(_start_line(spec, base, root, name, samples, final), file=sys.stderr, flush=True)
     with console_to_log(root):  # Ray's and Tune's chatter into sweep.log
         start_ray(base)
-        return _tracked_fit(spec, base, root, name, samples, resume, final, tune)
+        with _sigterm_as_sigint():
+            return _tracked_fit(spec, base, root, name, samples, resume, final, tune)
+
+
+@contextlib.contextmanager
+def _sigterm_as_sigint():
+    """SIGTERM (a scheduler, ``kill``) ends a sweep as Ctrl-C does: Tune stops its trials
+    and saves its state, the trials read ``interrupted`` and ``--resume`` continues them
+    (Ray's own SIGTERM handler, installed by ray.init, printed a stack and left trials
+    ``running``)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum, frame):
+        handler = signal.getsignal(signal.SIGINT)  # Tune's, while it fits
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _start_line(spec, base: Config, root: Path, name: str, samples: int, final: bool) -> str:
@@ -256,7 +284,8 @@ def _tracked_fit(spec, base, root: Path, name, samples, resume: bool, final: boo
         )
         results = _fit(spec, base, root, samples, resume, state["mlflow_parent"], tune, lines)
         summary = summarize(spec, base, root, name, results, state["mlflow_parent"])
-        if final and summary["best"] is not None and spec.evaluate_on == "validation":
+        finished = summary["best"] is not None and not summary["interrupted"]
+        if final and finished and spec.evaluate_on == "validation":
             summary["test"] = final_run(spec, base, root, name, summary, state["mlflow_parent"])
             write_summary(root, summary)
         write_report(root, summary)

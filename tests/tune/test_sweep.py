@@ -119,7 +119,9 @@ def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_pa
     assert "scored on validation" in lines[0] and "sweep.log" in lines[0]
     status = [x for x in lines if x.startswith("  ") and " s: " in x]
     assert all("running" in x and "failed" in x for x in status)
-    assert len(lines) - len(status) <= 1 + 4 + 6, res.output
+    final = [x for x in lines if x.startswith("t best on test: round ")]  # its progress
+    assert len(final) == 4  # rounds 10..40, every 10
+    assert len(lines) - len(status) - len(final) <= 1 + 4 + 6, res.output
     assert "4 trials: 2 completed, 0 stopped, 2 failed, 0 interrupted" in res.output
     assert "best mean_loss on validation" in res.output and "on test (run once" in res.output
     for chatter in ("Configuration for experiment", "TensorBoard", "WARNING"):
@@ -258,10 +260,13 @@ def test_a_planted_tune_file_or_a_shared_directory_is_not_resumed(tmp_path, monk
     assert res.exit_code == 0, res.output
 
 
-def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(tmp_path):
-    """Ctrl-C on the sweep's driver once the trials have reported checkpoints: exit 130
-    and a pointer to --resume; the resumed trials continue from their checkpoints (not
-    from round 0) and end with the numbers of an uninterrupted run of the same config."""
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(tmp_path, sig):
+    """Ctrl-C (or SIGTERM, as a scheduler or `kill` sends it) on the sweep's driver once
+    the trials have reported checkpoints: exit 130 and a pointer to --resume, no stack
+    of Ray's; the trials read interrupted; the resumed trials continue from their
+    checkpoints (not from round 0) and end with the numbers of an uninterrupted run of
+    the same config."""
     import os
     import signal
     import subprocess
@@ -283,9 +288,10 @@ def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(tmp_path
     while len({p.parent for p in out.glob("tune/*/checkpoint_*")}) < 2:  # both trials
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "--resume" in err, err
+    assert "SIGTERM received" not in err and "logging.cc" not in err, err
     from ray.tune import ExperimentAnalysis
 
     # the trials Tune saved as unfinished (one may have ended while Tune was stopping)
@@ -302,6 +308,10 @@ def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(tmp_path
     assert all(
         t["status"] == "interrupted" for t in stopped["trials"] if t["metrics"].get("round") != 3000
     )
+    for t in stopped["trials"]:  # the trials' own summaries agree (none left running)
+        if (Path(t["path"]) / "run" / "summary.json").is_file():
+            own = json.loads((Path(t["path"]) / "run" / "summary.json").read_text())
+            assert own["status"] == t["status"], own
     if stopped["best"] is not None:  # only a finished trial can be the best
         assert stopped["best"]["status"] == "completed"
     resume = [sys.executable, "-m", "raycobo.cli", "sweep", "--resume", str(out)]

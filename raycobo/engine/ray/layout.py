@@ -112,6 +112,9 @@ def check_reachable(address: str, timeout_s: float) -> None:
             time.sleep(1.0)
 
 
+WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet ray.init starts
+
+
 def start_ray(cfg: Config) -> None:
     """Connect to ``engine.address``, or start a local Ray bound to 127.0.0.1 with no
     dashboard (Ray >= 2.5x otherwise picks the network interface's address). A Ray
@@ -119,6 +122,11 @@ def start_ray(cfg: Config) -> None:
     Tune's trials included)."""
     if cfg.engine.address is None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        # Ray starts its workers at nice 15; here they are the computation (sweep trials,
+        # client hosts, a parallel compare's runs), and beside other work at nice 0 they
+        # all but stopped (a sweep on a machine at load 7 had started no trial after
+        # minutes): the workers of a Ray started here run at the driver's priority
+        os.environ.setdefault(WORKER_NICENESS, "0")
     import ray
 
     if ray.is_initialized():
