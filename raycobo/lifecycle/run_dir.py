@@ -42,7 +42,7 @@ from raycobo.lifecycle import checkpoint as ckpt
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 from raycobo.lifecycle.files import DiskFull, atomic_write, atomic_write_text, remove_stale_temps
 from raycobo.lifecycle.provenance import provenance
-from raycobo.lifecycle.trust import check_trusted
+from raycobo.lifecycle.trust import check_plain_files, check_trusted
 
 METRIC_COLUMNS = ["round", "client", "cluster", "accuracy", "loss"]
 RESUMABLE_KEYS = {"rounds"}
@@ -272,6 +272,7 @@ class RunDir(BaseCallback):
         if resume:
             try:
                 check_trusted(self.path, "run directory")
+                check_plain_files(self.path, "run directory")
             except BaseException:
                 self.close()
                 raise

@@ -27,6 +27,30 @@ from typing import Any
 from raycobo.settings import ConfigError
 
 
+def check_plain_files(path: Path, what: str, links: bool = False) -> None:
+    """Refuse to resume ``path`` when anything under it is neither a regular file nor a
+    folder: a run or a sweep writes nothing else, and reading a planted FIFO, device or
+    link (to /dev/zero, say) would block or never end. Links are refused, not followed
+    (``links``: left to the caller, which refuses them unless told to trust them)."""
+    for p in sorted(Path(path).rglob("*")):
+        mode = p.lstat().st_mode
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or (links and stat.S_ISLNK(mode)):
+            continue
+        kind = (
+            "symbolic link"
+            if stat.S_ISLNK(mode)
+            else "FIFO"
+            if stat.S_ISFIFO(mode)
+            else "socket"
+            if stat.S_ISSOCK(mode)
+            else "device"
+        )
+        raise ConfigError(
+            f"refusing to resume the {what} {path}: {p} is a {kind}, not a regular file "
+            "(raycobo writes none; reading it could block or never end)"
+        )
+
+
 def check_trusted(path: Path, what: str, tree: bool = False) -> None:
     """Refuse to resume ``path`` (and, with ``tree``, anything under it) when it is not
     owned by the current user or is writable by other users."""

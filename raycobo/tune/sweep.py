@@ -111,12 +111,14 @@ def resume_sweep(root: Path, trust_files: bool = False) -> dict[str, Any]:
     """Continue a sweep from its directory alone: the unfinished and failed trials go on
     from their checkpoints with the settings the sweep started with (and then the final
     test run, continued where it stopped)."""
-    from raycobo.lifecycle.trust import check_trusted
+    from raycobo.lifecycle.trust import check_plain_files, check_trusted
 
     root = Path(root).resolve()
     if not (root / SWEEP_FILE).is_file() or not (root / "tune").is_dir():
         raise ConfigError(f"nothing to resume in {root}: no {SWEEP_FILE} and tune/ there")
     check_trusted(root, "sweep directory", tree=True)
+    # a FIFO or device would hang Tune, trusted or not (links: check_tune_files)
+    check_plain_files(root, "sweep directory", links=True)
     if not trust_files:
         check_tune_files(root)
     record = yaml.safe_load((root / SWEEP_FILE).read_text())

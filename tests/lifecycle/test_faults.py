@@ -401,3 +401,50 @@ def test_the_api_takes_a_method_name_as_a_string(tmp_path):
 def test_a_misspelled_key_gets_a_did_you_mean(key, hint):
     with pytest.raises(ConfigError, match=f"did you mean '{hint}'"):
         load_config(None, [key])
+
+
+def _resume_in_subprocess(args: list[str]) -> subprocess.CompletedProcess:
+    """A resume that must answer at once (a regression would block on the planted file:
+    the subprocess's timeout ends the test instead of the suite's)."""
+    import sys
+
+    cmd = [sys.executable, "-m", "raycobo.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link-to-dev-zero"])
+def test_a_planted_special_file_in_a_run_directory_is_refused_not_read(tmp_path, quad_cfg, plant):
+    """An interrupted run whose checkpoints/ holds a FIFO (or a link to /dev/zero) named
+    like the newest checkpoint: `run --resume` refuses in one line naming it (exit 2)
+    instead of blocking in (or reading without end from) it."""
+
+    from raycobo.lifecycle.experiment import run_experiment
+    from tests.helpers import StopAt
+
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(quad_cfg("rounds=20"), out, [StopAt(12, KeyboardInterrupt())])
+    planted = out / "checkpoints" / "round_000099.pt"
+    if plant == "fifo":
+        os.mkfifo(planted)
+    else:
+        planted.symlink_to("/dev/zero")
+    res = _resume_in_subprocess(["run", "--resume", str(out), "-q", "--no-tracking"])
+    assert res.returncode == 2, res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert "round_000099.pt" in line and ("FIFO" in line or "symbolic link" in line)
+
+
+def test_a_planted_fifo_in_a_sweep_directory_is_refused_even_when_trusted(tmp_path):
+    """A FIFO among Tune's files passed the digest checks (they hash regular files) and
+    blocked `sweep --resume` in open(); now it is refused in one line, with or without
+    --trust-files."""
+
+    root = tmp_path / "sw"
+    (root / "tune").mkdir(parents=True)
+    (root / "sweep.yaml").write_text("name: x\n")
+    os.mkfifo(root / "tune" / "experiment_state-2099-01-01_00-00-00.json")
+    for extra in ([], ["--trust-files"]):
+        res = _resume_in_subprocess(["sweep", "--resume", str(root), *extra])
+        assert res.returncode == 2, res.stderr
+        assert "experiment_state-2099" in res.stderr and "FIFO" in res.stderr
