@@ -7,6 +7,7 @@ raise :class:`ConfigError` with a one-line message naming the key.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -338,6 +339,24 @@ class ScheduleEvent(_Section):
     leave: list[int] = Field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class EveryKth:
+    """The rounds r in 1..last (and 0 when ``first``) with r % every == 0, and ``last``
+    itself: a membership test, never a set as long as the run (``rounds`` may be
+    large); ``every`` 0: none."""
+
+    every: int
+    last: int
+    first: bool = True
+
+    def __contains__(self, r: object) -> bool:
+        if not isinstance(r, int) or self.every <= 0:
+            return False
+        if r == 0:
+            return self.first
+        return 0 < r <= self.last and (r == self.last or r % self.every == 0)
+
+
 class Config(_Section):
     name: str = "experiment"
     seed: int = 0
@@ -375,12 +394,11 @@ class Config(_Section):
             check_name(label, "compare.variants")
         return self
 
-    def checkpoint_rounds(self) -> set[int]:
-        """Completed-round counts after which a checkpoint is written."""
+    def checkpoint_rounds(self) -> EveryKth:
+        """Completed-round counts after which a checkpoint is written (every k-th and
+        the last; none when checkpoint.every is 0)."""
         every = self.checkpoint.every if self.checkpoint.every is not None else self.eval_every
-        if every == 0:
-            return set()
-        return {self.rounds, *range(every, self.rounds + 1, every)}
+        return EveryKth(every, self.rounds, first=False)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

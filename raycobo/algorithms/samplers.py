@@ -32,6 +32,7 @@ not O(n^2) -- by geometric skipping over the pair index.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -227,12 +228,27 @@ def floor_at(floor: float | tuple[float, int], t: int) -> float:
     return floor
 
 
-@functools.lru_cache(maxsize=64)
+_TABLES: collections.OrderedDict = collections.OrderedDict()  # (sampler, floor) -> sums
+_KEPT_TABLES = 64
+
+
 def _probabilities(
     sampler: EdgeSampler, upto: int, floor: float | tuple[float, int]
 ) -> list[float]:
-    total, out, start = 0.0, [0.0], sampler.start_round()
-    for t in range(upto):
+    """The prefix sums of max(p_t, floor) for t < upto, grown as rounds are asked for
+    (the same additions in the same order as one pass: the same floats), so that a run
+    holds a table as long as the rounds it has reached, not as ``rounds`` (which may be
+    large); the 64 most recently used tables are kept."""
+    key = (sampler, floor)
+    out = _TABLES.get(key)
+    if out is None:
+        out = _TABLES[key] = [0.0]
+        while len(_TABLES) > _KEPT_TABLES:
+            _TABLES.popitem(last=False)
+    else:
+        _TABLES.move_to_end(key)
+    start, total = sampler.start_round(), out[-1]
+    for t in range(len(out) - 1, upto):
         if t >= start:  # before it no pair is sampled, not even at the floor's rate
             total += max(sampler.probability(t), floor_at(floor, t))
         out.append(total)
@@ -250,7 +266,7 @@ def _samples_below(sampler: EdgeSampler, k: float) -> float | None:
 
 
 def _cumulative(sampler: EdgeSampler, t: int, floor: float | tuple[float, int] = 0.0) -> float:
-    """sum_{tau < t} max(p_tau, floor), from a table over max(t, rounds) rounds (cached
-    per sampler, the seed aside: it does not change the probabilities)."""
+    """sum_{tau < t} max(p_tau, floor), from a table grown up to round t (cached per
+    sampler, the seed aside: it does not change the probabilities)."""
     key = dataclasses.replace(sampler, seed=0)
-    return _probabilities(key, max(t, sampler.rounds), floor)[t]
+    return _probabilities(key, t, floor)[t]

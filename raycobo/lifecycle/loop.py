@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from raycobo.algorithms.base import Evaluation
-from raycobo.config import Config, ConfigError
+from raycobo.config import Config, ConfigError, EveryKth
 from raycobo.engine import Session, Task
 from raycobo.lifecycle.callbacks import RunContext
 from raycobo.lifecycle.run_dir import RunDir
@@ -60,9 +60,9 @@ class RunState:
         return [{k: v for k, v in h.items() if k != "clients"} for h in self.history]
 
 
-def eval_rounds(rounds: int, every: int) -> set[int]:
+def eval_rounds(rounds: int, every: int) -> EveryKth:
     """Completed-round counts at which to evaluate: 0, every k-th, and the last."""
-    return {0, rounds, *range(every, rounds + 1, every)}
+    return EveryKth(every, rounds, first=True)
 
 
 def heatmap_rounds(cfg: Config) -> list[int]:

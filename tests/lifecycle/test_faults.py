@@ -448,3 +448,27 @@ def test_a_planted_fifo_in_a_sweep_directory_is_refused_even_when_trusted(tmp_pa
         res = _resume_in_subprocess(["sweep", "--resume", str(root), *extra])
         assert res.returncode == 2, res.stderr
         assert "experiment_state-2099" in res.stderr and "FIFO" in res.stderr
+
+
+def test_a_huge_rounds_holds_no_table_as_long_as_the_run(tmp_path, quad_cfg):
+    """rounds=10**12 grew to 22 GB before its first round (a set of every checkpoint
+    round; CoBo's sampling tables over all rounds): what a run holds follows the rounds
+    it has reached. Three rounds of CoBo with its defaults, then an interrupt, within a
+    small memory bound."""
+    import tracemalloc
+
+    from raycobo.lifecycle.experiment import run_experiment
+    from tests.helpers import StopAt
+
+    cfg = quad_cfg("rounds=1000000000000", "algorithm.name=cobo")
+    assert 10**12 in cfg.checkpoint_rounds() and 10 in cfg.checkpoint_rounds()
+    assert 11 not in cfg.checkpoint_rounds() and 0 not in cfg.checkpoint_rounds()
+    tracemalloc.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(cfg, tmp_path / "big", [StopAt(3, KeyboardInterrupt())])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200e6, f"{peak / 1e6:.0f} MB"
+    assert json.loads((tmp_path / "big" / "summary.json").read_text())["last_round"] == 3
