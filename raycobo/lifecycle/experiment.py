@@ -280,6 +280,8 @@ def _finish(cfg, session: Session, task: Task, ctx, rs: RunState, found, start, 
         "collaboration_cut": cfg.algorithm.collaboration_cut() if W_np is not None else None,
         "cluster_agreement": session.agreement(W),
         "megabytes_sent": rs.bytes_sent / 1e6 if rs.bytes_sent else None,
+        # the round where the training loss exploded (finite: nothing stopped the run)
+        "diverged": rs.diverged,
         "membership": rs.membership,
         "history": rs.compact_history(),
         "resumed_from_round": found.from_round if found is not None else None,

@@ -7,6 +7,7 @@ engine it has. What a checkpoint holds is the RunState plus the session's snapsh
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,8 @@ class RunState:
     membership: list[dict[str, Any]] = field(default_factory=list)  # joins/leaves applied
     bytes_sent: float = 0.0  # communication, for methods that count it
     wall_before: float = 0.0  # seconds spent before a resume
+    first_train_loss: float | None = None  # the yardstick of divergence
+    diverged: dict[str, float] | None = None  # the round where the loss exploded
 
     def payload(self, session: Session, wall: float) -> dict[str, Any]:
         """What a checkpoint holds (with the round and the config the writer adds)."""
@@ -41,6 +44,8 @@ class RunState:
             "membership": self.membership,
             "bytes_sent": self.bytes_sent,
             "wall_seconds": wall,
+            "first_train_loss": self.first_train_loss,
+            "diverged": self.diverged,
         }
 
     @classmethod
@@ -54,10 +59,35 @@ class RunState:
             membership=list(data["membership"]),
             bytes_sent=float(data["bytes_sent"]),
             wall_before=float(data["wall_seconds"]),
+            first_train_loss=data.get("first_train_loss"),  # (checkpoints before it: None)
+            diverged=data.get("diverged"),
         )
 
     def compact_history(self) -> list[dict[str, Any]]:
         return [{k: v for k, v in h.items() if k != "clients"} for h in self.history]
+
+
+DIVERGING = 1e3  # a training loss this many times its first value (and above 1000)
+
+
+def watch_divergence(rs: RunState, r: int, loss: float | None) -> None:
+    """Name a run whose training loss grew by orders of magnitude above its first round's
+    (finite, so no error stopped it: a step size too large): once, in a warning line
+    and in the summary's ``diverged`` (round, loss, first)."""
+    if loss is None or rs.diverged is not None:
+        return
+    if rs.first_train_loss is None:
+        rs.first_train_loss = float(loss)
+        return
+    if loss > DIVERGING * max(abs(rs.first_train_loss), 1.0):
+        rs.diverged = {"round": r, "train_loss": float(loss), "first": rs.first_train_loss}
+        print(
+            f"warning: the run is diverging: training loss {loss:.3g} at round {r}, "
+            f"{loss / max(abs(rs.first_train_loss), 1e-12):.3g} times its first "
+            f"({rs.first_train_loss:.3g}); a smaller algorithm.lr?",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def eval_rounds(rounds: int, every: int) -> EveryKth:
@@ -176,6 +206,7 @@ class Loop:
             raise FloatingPointError(f"non-finite training statistics at round {r}: {stats}")
         rs.round = r
         rs.bytes_sent += stats.get("bytes_sent", 0.0)
+        watch_divergence(rs, r, stats.get("train_loss"))
         for cb in (self.writer, *self.callbacks):
             cb.on_round_end(ctx, r, stats)
         if r in self.snap_at:

@@ -472,3 +472,23 @@ def test_a_huge_rounds_holds_no_table_as_long_as_the_run(tmp_path, quad_cfg):
         tracemalloc.stop()
     assert peak < 200e6, f"{peak / 1e6:.0f} MB"
     assert json.loads((tmp_path / "big" / "summary.json").read_text())["last_round"] == 3
+
+
+@pytest.mark.parametrize("name", ["fedavg", "cobo"])
+def test_a_run_whose_loss_explodes_is_named_diverging(tmp_path, digits_cfg, name, capsys):
+    """lr=1000: FedAvg and CoBo ended `completed` at chance with a training loss 10^7
+    times its start, since only non-finite values counted. The run is named diverging,
+    once: a warning line with the round, and `diverged` in the summary; a sane run has
+    none."""
+    from raycobo.lifecycle.experiment import run_experiment
+
+    over = [f"algorithm.name={name}", "rounds=6", "eval_every=3"]
+    res = run_experiment(digits_cfg(*over, "algorithm.lr=1000"), tmp_path / "wild")
+    d = res.summary["diverged"]
+    err = capsys.readouterr().err
+    assert res.summary["status"] == "completed"
+    assert d is not None and 1 < d["round"] <= 6, res.summary["history"]
+    assert d["train_loss"] > 1000 * max(d["first"], 1.0)
+    assert err.count("the run is diverging") == 1 and f"at round {d['round']}" in err
+    sane = run_experiment(digits_cfg(*over), tmp_path / "sane")
+    assert sane.summary["diverged"] is None
