@@ -13,7 +13,7 @@ from typing import Any
 
 from raycobo.config import Config, with_overrides
 from raycobo.tune.space import SweepSpec
-from raycobo.tune.trial import LINEAGE_FILE, REPORTED
+from raycobo.tune.trial import LINEAGE_FILE, REPORTED, finished, ran_under
 
 FINAL_DIR = "final"  # the best configuration's run on the test split
 
@@ -159,11 +159,8 @@ def final_run(spec, base: Config, root: Path, name: str, summary, parent_id) -> 
     cfg = _final_config(spec, base, summary["best"])
     out = root / FINAL_DIR
     done = read_summary(out) or {}
-    same = (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == (
-        cfg.pinned().to_yaml()
-    )
-    if not (same and done.get("status") == "completed"):
-        if out.exists() and not same:  # the best changed (a resumed sweep): run anew
+    if not finished(out, cfg):
+        if out.exists() and not ran_under(out, cfg):  # the best changed (a resume): anew
             import shutil
 
             shutil.rmtree(out)

@@ -84,18 +84,20 @@ def _take_checkpoint(out: Path, given: Path | None) -> bool:
     return given is not None or (out / "config.yaml").is_file()
 
 
-def _finished(out: Path, cfg) -> bool:
-    """Whether this trial's run already ran all its rounds under these settings."""
+def ran_under(out: Path, cfg) -> bool:
+    """Whether the run directory ``out`` holds a run of exactly these settings (its
+    config.yaml is ``cfg`` as a run records it)."""
+    stored = out / "config.yaml"
+    return stored.is_file() and stored.read_text() == cfg.pinned().to_yaml()
+
+
+def finished(out: Path, cfg) -> bool:
+    """Whether the run directory ``out`` already ran all its rounds under these settings."""
     from raycobo.lifecycle.run_dir import read_summary
 
     done = read_summary(out) or {}
-    stored = out / "config.yaml"
-    return (
-        done.get("status") == "completed"
-        and done.get("last_round", 0) >= cfg.rounds
-        and stored.is_file()
-        and stored.read_text() == cfg.pinned().to_yaml()
-    )
+    ended = done.get("status") == "completed" and done.get("last_round", 0) >= cfg.rounds
+    return ended and ran_under(out, cfg)
 
 
 def _own(out: Path, given: Path, from_here: bool, cfg) -> bool:
@@ -107,10 +109,9 @@ def _own(out: Path, given: Path, from_here: bool, cfg) -> bool:
     from raycobo.lifecycle.checkpoint import latest_checkpoint, read_checkpoint
     from raycobo.lifecycle.run_dir import config_changes
 
-    pinned = cfg.pinned()  # as the run records it
-    stored = out / "config.yaml"
-    if not from_here or (stored.is_file() and stored.read_text() != pinned.to_yaml()):
+    if not from_here or ((out / "config.yaml").is_file() and not ran_under(out, cfg)):
         return False
+    pinned = cfg.pinned()  # as the run records it
     found = latest_checkpoint(given)
     saved = read_checkpoint(found[1]).get("config") if found is not None else None
     return saved is None or not config_changes(saved, pinned)
@@ -181,7 +182,7 @@ def trial(params: dict[str, Any]) -> None:
         if start_from is not None:
             run_experiment(cfg, out, callbacks, start_from=start_from)
             return
-        if _finished(out, cfg):  # restarted after its end (PBT's last point): nothing to run
+        if finished(out, cfg):  # restarted after its end (PBT's last point): nothing to run
             return
         if checkpoint is not None:
             with checkpoint.as_directory() as d:
