@@ -117,11 +117,14 @@ def resume(
     *,
     track: bool | None = None,
     progress: bool = False,
+    trust_files: bool = False,
 ) -> Result:
     """Continue an interrupted or failed run from its newest checkpoint; ``rounds``
-    extends a finished one."""
+    extends a finished one. Plugin code the run names is imported only when the run
+    recorded exactly that code (``trust_files``: whatever it is now)."""
     run_dir = _path(run_dir, "raycobo.resume: run_dir")
-    cfg = resume_config(run_dir, [f"rounds={rounds}"] if rounds is not None else [])
+    over = [f"rounds={rounds}"] if rounds is not None else []
+    cfg = resume_config(run_dir, over, trust_files)
     label = cfg.algorithm.name
     return run_experiment(
         cfg, Path(run_dir), _callbacks(cfg, track), _progress(label, progress), resume=True
@@ -173,7 +176,7 @@ def compare(
     ``tune``: entry -> sweep space; each entry's knobs are first tuned on validation data
     (``raycobo.tune.entry``), then compared with the values picked (``tuned.json``)."""
     from raycobo.comparison import tracked_compare
-    from raycobo.comparison.plan import default_root
+    from raycobo.comparison.plan import check_new_root, default_root
 
     own = ("algorithms", "seeds", "out", "parallel", "track", "progress", "tune")
     _check_keywords("compare", overrides, own)
@@ -183,6 +186,8 @@ def compare(
     entries = list(algorithms) if algorithms else list(cfg.compare.algorithms)
     track_on = cfg.tracking.enabled if track is None else track
     root = _path(out, "raycobo.compare: out") if out is not None else None
+    if root is not None:
+        check_new_root(root)
     if tune:
         root = root if root is not None else default_root(cfg)
         cfg = tuned(cfg, entries, tune, root)
@@ -230,15 +235,24 @@ def with_tuned(cfg: Config, picked: dict[str, dict[str, Any]]) -> Config:
 
 
 def resume_compare(
-    root: str | Path, *, track: bool | None = None, progress: bool = False
+    root: str | Path,
+    *,
+    track: bool | None = None,
+    progress: bool = False,
+    trust_files: bool = False,
 ) -> Comparison:
-    """Continue a comparison: finished runs are kept, the others resume."""
+    """Continue a comparison: finished runs are kept, the others resume. Plugin code it
+    names is imported only when the comparison recorded exactly that code
+    (``trust_files``: whatever it is now)."""
     from raycobo.comparison import tracked_compare
-    from raycobo.config import load_stored_config
+    from raycobo.config import load_stored_config, read_yaml
+    from raycobo.lifecycle.plugins import check_plugins
     from raycobo.lifecycle.run_dir import stored_config_path
 
     root = _path(root, "raycobo.resume_compare: root")
-    cfg = load_stored_config(stored_config_path(root, "comparison"))
+    path = stored_config_path(root, "comparison")
+    check_plugins(root, read_yaml(path), "comparison", trust_files)
+    cfg = load_stored_config(path)
     track_on = cfg.tracking.enabled if track is None else track
     progress_of = lambda label: _progress(label, progress)  # noqa: E731
     entries = list(cfg.compare.algorithms)

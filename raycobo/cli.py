@@ -31,6 +31,14 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
 Debug = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
 NoTrack = Annotated[bool, typer.Option("--no-tracking", help="do not log to MLflow")]
 Threads = Annotated[int | None, typer.Option(help="torch threads")]
+TrustFiles = Annotated[
+    bool,
+    typer.Option(
+        "--trust-files",
+        help="with --resume: import the plugin code it names (and, for a sweep, accept "
+        "Tune's files) though the directory did not record exactly that code",
+    ),
+]
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -142,6 +150,7 @@ def run(
             "(only rounds=N may be given, to extend it)",
         ),
     ] = None,
+    trust_files: TrustFiles = False,
     quiet: Quiet = False,
     debug: Debug = False,
     no_tracking: NoTrack = False,
@@ -162,19 +171,15 @@ def run(
 
     def go():
         from raycobo import api
-        from raycobo.lifecycle.experiment import resume_config
 
         over = list(overrides or [])
         track, progress = (False if no_tracking else None), not quiet
+        _trust_needs_resume(trust_files, resume)
         if resume is not None:
-            if config is not None and "=" not in config:
-                raise ConfigError("--resume takes its config from the run directory; drop CONFIG")
-            if config is not None:  # `run --resume DIR rounds=40`: the first override
-                over.insert(0, config)
-            if out is not None and out.resolve() != resume.resolve():
-                raise ConfigError("--resume continues in its own directory; drop --out")
-            rounds = resume_config(resume, over).rounds if over else None  # only rounds=N
-            res = api.resume(resume, rounds, track=track, progress=progress)
+            rounds = _resumed_rounds(resume, config, over, out, trust_files)
+            res = api.resume(
+                resume, rounds, track=track, progress=progress, trust_files=trust_files
+            )
         else:
             if config is None:
                 raise ConfigError("missing CONFIG (an experiment YAML), or --resume RUN_DIR")
@@ -183,6 +188,24 @@ def run(
         _say_run(res)
 
     _guarded(debug, go)
+
+
+def _trust_needs_resume(trust_files: bool, resume: Path | None) -> None:
+    if trust_files and resume is None:
+        raise ConfigError("--trust-files goes with --resume")
+
+
+def _resumed_rounds(resume: Path, config, over: list[str], out, trust_files: bool):
+    """`run --resume DIR [rounds=N]`: the rounds to extend to (None: as recorded)."""
+    from raycobo.lifecycle.experiment import resume_config
+
+    if config is not None and "=" not in config:
+        raise ConfigError("--resume takes its config from the run directory; drop CONFIG")
+    if config is not None:  # `run --resume DIR rounds=40`: the first override
+        over.insert(0, config)
+    if out is not None and out.resolve() != resume.resolve():
+        raise ConfigError("--resume continues in its own directory; drop --out")
+    return resume_config(resume, over, trust_files).rounds if over else None  # only rounds=N
 
 
 def _say_run(res) -> None:
@@ -279,6 +302,7 @@ def compare(
             help="continue this comparison: finished runs are kept, the others resume",
         ),
     ] = None,
+    trust_files: TrustFiles = False,
     out: Out = None,
     quiet: Quiet = False,
     debug: Debug = False,
@@ -290,23 +314,20 @@ def compare(
         from raycobo import api
 
         track, progress = (False if no_tracking else None), not quiet
+        _trust_needs_resume(trust_files, resume)
         if resume is not None:
             flags = {"--algorithms": algorithms, "--seeds": seeds, "--out": out, "--tune": tune}
             _check_compare_resume(resume, config, overrides, flags)
-            res = api.resume_compare(resume, track=track, progress=progress)
+            shown = {"track": track, "progress": progress, "trust_files": trust_files}
+            res = api.resume_compare(resume, **shown)
         elif config is None:
             raise ConfigError("missing CONFIG (an experiment YAML), or --resume COMPARE_DIR")
         else:
-            res = api.compare(
-                load_config(config, overrides or []),
-                algorithms,  # "local,cobo": the API reads the names
-                seeds=_int_list(seeds, "--seeds") if seeds else None,
-                out=out,
-                parallel=parallel,
-                track=track,
-                progress=progress,
-                tune=_tune_spaces(tune),
-            )
+            chosen = {"seeds": _int_list(seeds, "--seeds") if seeds else None, "out": out}
+            chosen |= {"parallel": parallel, "track": track, "progress": progress}
+            cfg = load_config(config, overrides or [])
+            # "local,cobo": the API reads the names
+            res = api.compare(cfg, algorithms, tune=_tune_spaces(tune), **chosen)
         _show_comparison(res)
 
     _guarded(debug, go)
@@ -379,13 +400,7 @@ def sweep(
         Path | None,
         typer.Option("--resume", help="continue the sweep in this directory (nothing else)"),
     ] = None,
-    trust_files: Annotated[
-        bool,
-        typer.Option(
-            "--trust-files",
-            help="with --resume: accept Tune's files though this sweep did not record them",
-        ),
-    ] = False,
+    trust_files: TrustFiles = False,
     out: Out = None,
     debug: Debug = False,
 ) -> None:

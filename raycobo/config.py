@@ -468,32 +468,61 @@ def _format_error(err: ValidationError, prefix: list[str] | None = None) -> str:
 # config is validated and written (a 'billion laughs' of aliases in data.options grew
 # past 3 GB inside Config.to_yaml); real configs hold a few hundred
 MAX_CONFIG_VALUES = 100_000
+# bounds checked before anything is parsed or copied: a config file (a run's, a
+# comparison's or a sweep's, written by hand: a few KB), one value (a path, a list of
+# seeds) and the nesting (a few levels): far above any real config, far below what takes
+# minutes to parse or overflows the parser's stack
+MAX_CONFIG_BYTES = 1 << 20
+MAX_VALUE_CHARS = 1 << 16
+MAX_CONFIG_DEPTH = 64
 
 
 def check_expansion(tree: Any, where: str) -> None:
-    """Refuse a parsed YAML tree that expands (aliases counted at every use, cycles
-    included) to more than MAX_CONFIG_VALUES values, in O(MAX_CONFIG_VALUES) steps."""
-    stack, seen = [tree], 0
+    """Refuse a parsed tree that expands (aliases counted at every use, cycles included)
+    to more than MAX_CONFIG_VALUES values, nests deeper than MAX_CONFIG_DEPTH or holds a
+    string (a value or a key) over MAX_VALUE_CHARS, in O(MAX_CONFIG_VALUES) steps."""
+    stack, seen = [(tree, "", 0)], 0
     while stack:
-        node = stack.pop()
+        node, key, depth = stack.pop()
         seen += 1
         if seen > MAX_CONFIG_VALUES:
             raise ConfigError(
                 f"{where}: the YAML expands to more than {MAX_CONFIG_VALUES:,} values "
                 "(aliases repeated or nested?); refusing it"
             )
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(
+                f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels (under '{key[:80]}'); "
+                "refusing it"
+            )
         if isinstance(node, dict):
-            stack.extend(node.values())
+            for k, v in node.items():
+                _check_length(k, f"{key}.{str(k)[:40]}" if key else str(k)[:40], where)
+                stack.append((v, f"{key}.{k}" if key else str(k), depth + 1))
         elif isinstance(node, list):
-            stack.extend(node)
+            stack.extend((v, f"{key}[{i}]", depth + 1) for i, v in enumerate(node))
+        else:
+            _check_length(node, key, where)
 
 
-def parse_value(text: str) -> Any:
+def _check_length(value: Any, key: str, where: str) -> None:
+    if isinstance(value, str | bytes) and len(value) > MAX_VALUE_CHARS:
+        raise ConfigError(
+            f"invalid config key '{key or '(top level)'}' in {where}: a value of "
+            f"{len(value):,} characters (at most {MAX_VALUE_CHARS:,}); refusing it"
+        )
+
+
+def parse_value(text: str, key: str = "") -> Any:
     """Parse an override's value with YAML rules (``0.1`` -> float, ``[1,2]`` -> list)."""
+    where = f"override {key or 'value'}"
+    _check_length(text, key, "an override")
     try:
         value = yaml.safe_load(text) if text != "" else ""
     except yaml.YAMLError:
         return text
+    except RecursionError:
+        raise ConfigError(f"{where}: nested deeper than YAML can be read; refusing it") from None
     check_expansion(value, f"override value '{text[:40]}'")
     if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string; users mean a number
         try:
@@ -527,7 +556,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str] | dict[str, Any])
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override '{item}' is not of the form key.path=value")
-        pairs.append((key.strip(), parse_value(raw.strip())))
+        pairs.append((key.strip(), parse_value(raw.strip(), key.strip())))
     return _set_all(tree, pairs)
 
 
@@ -569,6 +598,7 @@ def _search(plugin_paths: Any) -> None:
 
 
 def validate(tree: dict[str, Any]) -> Config:
+    check_expansion(tree, "the config")  # a mapping from the API is bounded like a file
     _search(tree.get("plugin_paths"))
     section = tree.get("algorithm")
     if isinstance(section, dict):
@@ -585,15 +615,33 @@ def validate(tree: dict[str, Any]) -> Config:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file as a tree: a regular file of at most MAX_CONFIG_BYTES, checked
+    before it is read, and a tree within the bounds of :func:`check_expansion`."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        tree = yaml.safe_load(p.read_text())
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"cannot read {p}: {err.strerror or err}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{p} is {p.stat().st_size / 2**20:,.1f} MiB; a config file is at most "
+            f"{MAX_CONFIG_BYTES >> 20} MiB (refused before parsing)"
+        )
+    try:
+        tree = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"cannot parse {p}: not UTF-8 text (byte {err.start})") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise ConfigError(f"cannot parse YAML in {p}{where}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"cannot parse YAML in {p}: nested deeper than YAML can be read"
+        ) from None
     if tree is None:
         tree = {}
     if not isinstance(tree, dict):

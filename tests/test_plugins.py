@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 import raycobo
@@ -28,6 +29,7 @@ GOSSIP = REPO / "examples" / "plugins" / "gossip.py"
 
 MODELS_PY = """
 import torch
+import yaml
 from torch import nn
 
 
@@ -48,6 +50,7 @@ def not_a_module(input_shape, num_classes):
 
 DATA_PY = '''
 import torch
+import yaml
 from raycobo import RawDataset
 
 
@@ -529,7 +532,7 @@ def test_labels_are_checked_against_a_class_count_before_a_model_is_built(tmp_pa
 def test_bad_arrays_stop_at_load_naming_the_file(tmp_path, case, needle):
     """NaN or string features, train/test widths that differ, an empty client file and a
     non-scalar cluster failed mid-run (exit 1): now exit 2 at load, before any round, the
-    file named."""
+    file named, with no run directory left."""
     folder = tmp_path / "clients"
     folder.mkdir()
     rng = np.random.default_rng(0)
@@ -559,16 +562,14 @@ def test_bad_arrays_stop_at_load_naming_the_file(tmp_path, case, needle):
     assert res.exit_code == 2, res.output
     (line,) = res.stderr.strip().splitlines()
     assert "client1.npz" in line and needle in line, line
-    summary = json.loads((out / "summary.json").read_text())  # recorded before any round
-    assert summary["status"] == "failed" and summary["last_round"] == 0
-    assert needle in summary["error"]
+    assert not out.exists()  # refused as the run starts: no run directory is left (#70)
 
 
 def test_a_failed_extension_never_changes_the_finished_runs_summary(tmp_path):
     """(#39 item 8) Resuming a finished run to more rounds after its plugin changed (here:
     it now fails in its round) left the run `failed` with its mean_loss nulled. The
     finished summary stays, the extension's failure beside it; the plugin put back, the
-    extension goes on."""
+    extension goes on (each change of the plugin's source said: --trust-files)."""
     folder = tmp_path / "plug"
     folder.mkdir()
     good = FEDPROX.read_text()
@@ -589,8 +590,10 @@ def test_a_failed_extension_never_changes_the_finished_runs_summary(tmp_path):
         assert broken != good
         (folder / "ext_prox.py").write_text(broken)
         sys.modules.pop("ext_prox", None)
-        with pytest.raises(Exception, match="changed plugin"):
+        with pytest.raises(ConfigError, match="'ext_prox' .* changed since it ran"):
             raycobo.resume(tmp_path / "r", rounds=8)
+        with pytest.raises(Exception, match="changed plugin"):
+            raycobo.resume(tmp_path / "r", rounds=8, trust_files=True)
         after = json.loads((tmp_path / "r" / "summary.json").read_text())
         ext = after.pop("extension")
         assert after == before  # the finished run's record, as it was
@@ -598,7 +601,7 @@ def test_a_failed_extension_never_changes_the_finished_runs_summary(tmp_path):
         assert raycobo.load_run(tmp_path / "r").summary["mean_loss"] == done.summary["mean_loss"]
         (folder / "ext_prox.py").write_text(good)
         sys.modules.pop("ext_prox", None)
-        longer = raycobo.resume(tmp_path / "r", rounds=8)
+        longer = raycobo.resume(tmp_path / "r", rounds=8, trust_files=True)
         assert longer.summary["status"] == "completed" and longer.summary["rounds"] == 8
         assert "extension" not in longer.summary
     finally:
@@ -730,3 +733,83 @@ def test_an_engine_is_one_module_and_one_registry_entry(tmp_path):
 
     back = with_overrides(cfg, {"engine.kind": "local"})  # its own keys go with it
     assert "trace" not in back.engine.model_dump() and back.engine.kind == "local"
+
+
+EVIL_PY = """
+from pathlib import Path
+Path(__file__).with_name("imported.marker").write_text("ran")
+from raycobo.algorithms.local import Local
+"""
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "raycobo", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_resuming_a_directory_imports_no_plugin_code_that_came_with_it(tmp_path, quad_cfg):
+    """A shared run directory whose config.yaml names a plugin lying in the folder itself:
+    `cd DIR && raycobo run --resume .` refuses in one line before importing it (no marker
+    file), and a comparison's directory likewise; --trust-files is the user saying so."""
+    run = tmp_path / "shared_run"
+    run.mkdir()
+    tree = quad_cfg("rounds=4").to_dict()
+    tree["algorithm"] = {"name": "evilplug:Local"}
+    (run / "config.yaml").write_text(yaml.safe_dump(tree))
+    (run / "evilplug.py").write_text(EVIL_PY)
+    refused = _cli(["run", "--resume", ".", "-q"], cwd=run)
+    assert refused.returncode == 2, refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert "refusing to resume the run directory" in line and "evilplug" in line, line
+    assert "--trust-files" in line
+    assert not (run / "imported.marker").exists()
+    trusted = _cli(["run", "--resume", ".", "--trust-files", "-q"], cwd=run)
+    assert (run / "imported.marker").exists(), trusted.stderr
+
+    comparison = tmp_path / "shared_compare"
+    comparison.mkdir()
+    tree["compare"] = {"algorithms": ["evilplug:Local"], "seeds": [0]}
+    (comparison / "config.yaml").write_text(yaml.safe_dump(tree))
+    (comparison / "evilplug.py").write_text(EVIL_PY)
+    refused = _cli(["compare", "--resume", ".", "-q"], cwd=comparison)
+    assert refused.returncode == 2, refused.stderr
+    assert "refusing to resume the comparison" in refused.stderr
+    assert not (comparison / "imported.marker").exists()
+
+
+def test_a_plugin_whose_source_changed_is_not_resumed_silently(tmp_path, plugins):
+    """The run records its plugin's source (signed); after an interruption the module is
+    edited: the resume is refused naming the module, and --trust-files resumes under the
+    new code, recording it. A run that moved keeps resuming (the same code)."""
+    from raycobo.lifecycle import RunFailed
+    from raycobo.lifecycle.experiment import resume_config, run_experiment
+    from tests.helpers import StopAt
+
+    source = plugins / "edited_prox.py"  # a name of its own: folders stay on sys.path
+    shutil.copy(FEDPROX, source)
+    over = [*DIGITS, f"plugin_paths=[{plugins}]", "algorithm.name=edited_prox:FedProx"]
+    cfg = load_config(None, [*over, "rounds=6", "eval_every=2"])
+    with pytest.raises(RunFailed):
+        run_experiment(cfg, tmp_path / "cut", [StopAt(3, RuntimeError("crash"))])
+    record = json.loads((tmp_path / "cut" / "plugins.json").read_text())
+    assert str(source) in record["modules"]["edited_prox"]
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "cut", moved)
+    assert resume_config(moved).algorithm.name == "edited_prox:FedProx"
+
+    source.write_text(source.read_text() + "\n# an edit after the run started\n")
+    sys.modules.pop("edited_prox", None)
+    with pytest.raises(ConfigError, match=r"plugin module 'edited_prox' .* changed since it"):
+        resume_config(tmp_path / "cut")
+    edited = tmp_path / "edited"
+    shutil.copytree(tmp_path / "cut", edited)
+    forged = json.loads((edited / "plugins.json").read_text())
+    forged["modules"]["edited_prox"] = {str(source): "0" * 64}
+    (edited / "plugins.json").write_text(json.dumps(forged))
+    with pytest.raises(ConfigError, match="not signed with your key"):
+        resume_config(edited)
+    cfg = resume_config(tmp_path / "cut", trust_files=True)
+    done = run_experiment(cfg, tmp_path / "cut", resume=True)
+    assert done.summary["status"] == "completed"
+    assert resume_config(tmp_path / "cut").rounds == 6  # the new code is the one recorded

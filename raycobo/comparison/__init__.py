@@ -30,6 +30,7 @@ from raycobo.comparison.table import (
 from raycobo.config import Config, with_overrides
 from raycobo.lifecycle import Result
 from raycobo.lifecycle.callbacks import Callback, RunContext
+from raycobo.lifecycle.plugins import write_plugin_record
 
 
 @dataclass
@@ -62,6 +63,7 @@ def run_compare(
     # what --resume needs to run the same comparison: its entries and seeds
     stored = with_overrides(cfg, {"compare.algorithms": entries, "compare.seeds": plan.seeds})
     (plan.root / "config.yaml").write_text(stored.to_yaml())
+    write_plugin_record(plan.root, stored.to_dict())  # what a resume may import
     pctx = RunContext(cfg, plan.root)
     if hooks.parent is not None:
         hooks.parent.on_run_start(pctx)

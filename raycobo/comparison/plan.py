@@ -85,6 +85,27 @@ def default_root(cfg: Config, root: Path = Path("runs")) -> Path:
     return fresh_dir(root / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.name}-compare")
 
 
+def check_new_root(root: Path) -> None:
+    """A new comparison goes into a new or empty folder: one holding files (the user's, or
+    an earlier comparison, which ``--resume`` continues) is not written over."""
+    try:
+        names = sorted(p.name for p in Path(root).iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as err:
+        raise ConfigError(f"compare: cannot read --out {root}: {err.strerror or err}") from None
+    if names:
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        resume = (
+            f"; continue that comparison with: raycobo compare --resume {root}"
+            if "config.yaml" in names
+            else ""
+        )
+        raise ConfigError(
+            f"compare: --out {root} is not empty ({shown}); choose a new or empty folder{resume}"
+        )
+
+
 def make_plan(
     cfg: Config, entries: list[str], out: Path | None, seeds: list[int] | None, resume: bool
 ) -> Plan:

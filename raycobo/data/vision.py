@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             data = f.read()
-    except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
         raise ConfigError(
             f"cannot read {path} (data.root): {type(err).__name__}: {err} -- the file is "
             "damaged or truncated; install it again"
@@ -85,6 +86,10 @@ def load_fashion_mnist(cfg: DataConfig) -> RawDataset:
             )
         if y.size and int(y.max()) > 9:
             raise ConfigError(f"{py} (data.root): label {int(y.max())}, Fashion-MNIST has 0..9")
+    wrong = [(p, a.shape[1:]) for p, a in (arrays["train_x"], arrays["test_x"])]
+    wrong = [f"{p} holds {' x '.join(map(str, s))}" for p, s in wrong if s != (28, 28)]
+    if wrong:  # a header of other dimensions with the same byte count reads as other images
+        raise ConfigError(f"Fashion-MNIST images are 28 x 28 (data.root): {'; '.join(wrong)}")
     arrays = {k: a for k, (_, a) in arrays.items()}
 
     def images(a: np.ndarray) -> torch.Tensor:

@@ -144,7 +144,10 @@ class LocalSession:
 
     def report(self) -> dict[str, Any]:
         execution = self.ops.execution  # the local engine's plan (None: nothing planned)
-        return {} if execution is None else {"execution": execution.as_dict()}
+        if execution is None:
+            return {}
+        # torch's threads: float sums are split by them, so they are part of the numbers
+        return {"execution": {**execution.as_dict(), "threads": torch.get_num_threads()}}
 
     def artifacts(self) -> dict[str, Any]:
         if isinstance(self.algorithm, ExportsArtifacts):

@@ -20,10 +20,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from raycobo.config import Config, ConfigError, load_stored_config, with_overrides
+from raycobo.config import Config, ConfigError, load_stored_config, read_yaml, with_overrides
 from raycobo.engine import Session, Task, open_session
 from raycobo.lifecycle.callbacks import Callback, RunContext, StopRun
 from raycobo.lifecycle.loop import Loop, RunState, change_membership
+from raycobo.lifecycle.plugins import check_plugins
 from raycobo.lifecycle.result import Result
 from raycobo.lifecycle.run_dir import RESUMABLE_KEYS, Resume, RunDir, stored_config_path
 
@@ -52,9 +53,15 @@ def default_run_dir(cfg: Config, root: str | Path = "runs") -> Path:
     return Path(root) / f"{stamp}-{cfg.name}-{cfg.algorithm.name}"
 
 
-def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Config:
-    """The stored config of ``run_dir`` with the overrides a resume allows (``rounds=``)."""
-    cfg = load_stored_config(stored_config_path(Path(run_dir)))
+def resume_config(
+    run_dir: str | Path, overrides: list[str] | None = None, trust_files: bool = False
+) -> Config:
+    """The stored config of ``run_dir`` with the overrides a resume allows (``rounds=``).
+    Plugin code it names is imported only when the run recorded it (``trust_files``: in
+    any case)."""
+    path = stored_config_path(Path(run_dir))
+    check_plugins(Path(run_dir), read_yaml(path), "run directory", trust_files)
+    cfg = load_stored_config(path)
     over = list(overrides or [])
     for item in over:
         key = item.partition("=")[0].strip()
@@ -74,6 +81,7 @@ class _Signals:
     def __init__(self):
         self.main = threading.current_thread() is threading.main_thread()
         self.previous = None
+        self.received: int | None = None  # SIGTERM arrived (the run is ending)
 
     def install(self) -> None:
         """(Again, after Ray's init replaced the handler with its own.)"""
@@ -82,8 +90,8 @@ class _Signals:
             if self.previous is None:
                 self.previous = prev
 
-    @staticmethod
-    def _raise(signum, frame):
+    def _raise(self, signum, frame):
+        self.received = signum
         raise Terminated("SIGTERM")
 
     def restore(self) -> None:
@@ -167,15 +175,11 @@ def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals
     except StopRun as stop:  # a callback's decision (a sweep's scheduler): not a failure
         with signals.deferred():
             summary = _record_stop(stop, writer, ctx, rs, start)
-    except BaseException as err:  # keep what was measured, say where, re-raise
-        with signals.deferred():
-            last, unwritten = _record_failure(err, writer, ctx, rs, start, callbacks)
-        if isinstance(err, KeyboardInterrupt):  # the message says where and how to go on
-            err.run_dir, err.last_round = writer.path, last  # type: ignore[attr-defined]
-        if isinstance(err, ConfigError | KeyboardInterrupt):
+    except BaseException as caught:  # keep what was measured, say where, re-raise
+        if isinstance(caught, ConfigError) and session is None and found is None:
+            writer.discard()  # a new run refused as it starts: no run directory is left
             raise
-        reason = _reason(err) + (f"; {unwritten}" if unwritten else "")
-        raise RunFailed(writer.path, reason, last) from err
+        _fail(caught, writer, ctx, rs, start, callbacks, signals)
     finally:
         if progress is not None:
             progress.stop()
@@ -185,6 +189,26 @@ def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals
     for cb in callbacks:
         cb.on_run_end(ctx, summary)
     return Result(writer.path, summary)
+
+
+def _fail(caught: BaseException, writer: RunDir, ctx, rs, start, callbacks, signals) -> None:
+    """Record how the run ended and raise what says so: the interruption (with where it
+    stopped), a ConfigError as it is, anything else as RunFailed."""
+    err = caught
+    if signals.received is not None and not isinstance(err, KeyboardInterrupt):
+        # what broke once SIGTERM had arrived is the interruption (raised inside a C
+        # extension's import, matplotlib's at the end, it surfaces as ImportError)
+        err = Terminated("SIGTERM")
+    with signals.deferred():
+        last, unwritten = _record_failure(err, writer, ctx, rs, start, callbacks)
+    if isinstance(err, KeyboardInterrupt):  # the message says where and how to go on
+        err.run_dir, err.last_round = writer.path, last  # type: ignore[attr-defined]
+    if isinstance(err, ConfigError | KeyboardInterrupt):
+        if err is caught:
+            raise caught
+        raise err from None
+    reason = _reason(err) + (f"; {unwritten}" if unwritten else "")
+    raise RunFailed(writer.path, reason, last) from err
 
 
 def _restore_or_start(

@@ -19,15 +19,17 @@ LOW_SPACE = 1 << 20  # below this many free bytes a failed write is read as a fu
 class DiskFull(OSError):
     """No space left on the device holding a run's files (the message names the file)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, note: str = ""):
         super().__init__(errno.ENOSPC, f"no space left on device writing {path}")
-        self.path = path
+        self.path, self.note = path, note  # note: what it means for the run
 
     def __str__(self) -> str:
-        return f"no space left on device writing {self.path}"
+        return f"no space left on device writing {self.path}" + (
+            f"; {self.note}" if self.note else ""
+        )
 
     def __reduce__(self):
-        return (type(self), (self.path,))
+        return (type(self), (self.path, self.note))
 
 
 def _disk_full(path: Path, err: BaseException) -> bool:

@@ -41,6 +41,7 @@ from raycobo.config import Config, ConfigError
 from raycobo.lifecycle import checkpoint as ckpt
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 from raycobo.lifecycle.files import DiskFull, atomic_write, atomic_write_text, remove_stale_temps
+from raycobo.lifecycle.plugins import PLUGINS_FILE, write_plugin_record
 from raycobo.lifecycle.provenance import provenance
 from raycobo.lifecycle.trust import check_plain_files, check_trusted
 
@@ -252,6 +253,7 @@ class RunDir(BaseCallback):
         self._rounds: _CsvLog | None = None
         self.started = time.time()
         self.resume: Resume | None = None
+        self._made = False  # open made the folder
         self.provenance = provenance()  # who ran this, where, with which code
 
     # -- life cycle ------------------------------------------------------------------------
@@ -260,6 +262,9 @@ class RunDir(BaseCallback):
         ``running`` summary. -> where a resumed run continues (None: a new run). A
         directory that cannot be made or written is bad input (one line); a full disk
         says so, naming the file."""
+        if not resume:
+            self._refuse_foreign()
+        self._made = not self.path.exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._take_lock()
@@ -267,7 +272,7 @@ class RunDir(BaseCallback):
             raise
         except OSError as err:
             if err.errno == errno.ENOSPC:
-                raise DiskFull(self.path) from None
+                raise DiskFull(self.path, self._not_started(resume)) from None
             raise ConfigError(f"cannot write the run directory {self.path}: {_why(err)}") from None
         if resume:
             try:
@@ -279,6 +284,7 @@ class RunDir(BaseCallback):
         try:
             found = self.resume = self._check(resume)
             atomic_write_text(self.path / "config.yaml", self.cfg.to_yaml())
+            write_plugin_record(self.path, self.cfg.to_dict())  # what a resume may import
             # the CSVs are cut back to the checkpoint that loaded (from round 0: no row kept)
             keep = found.round if found is not None and found.checkpoint else None
             if found is not None and found.checkpoint is None:
@@ -296,17 +302,40 @@ class RunDir(BaseCallback):
                 running = {**found.previous, "extension": running}
             self.write_summary(running)
             return found
-        except DiskFull:
+        except DiskFull as full:
             self.close()
-            raise
+            raise DiskFull(full.path, self._not_started(resume)) from None
         except OSError as err:
             self.close()
             if err.errno == errno.ENOSPC:
-                raise DiskFull(self.path) from None
+                raise DiskFull(self.path, self._not_started(resume)) from None
             raise ConfigError(f"cannot write the run directory {self.path}: {_why(err)}") from None
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def _not_started(resume: bool) -> str:
+        """What a full disk while the directory is opened means (the running summary is
+        the last file ``open`` writes, atomically: it was not written)."""
+        if resume:
+            return "the run was not resumed (its summary.json is as it was)"
+        return "the run did not start, and no summary.json could be written"
+
+    def _refuse_foreign(self) -> None:
+        """A new run goes into a new or empty folder, or one that holds a raycobo run
+        (which ``_check_new`` judges): a folder of the user's own files is not written."""
+        try:
+            names = sorted(p.name for p in self.path.iterdir())
+        except OSError:
+            return  # none yet (or one that cannot be: making it says why)
+        own = [n for n in names if n != ".lock" and not (n.startswith(".") and n.endswith(".tmp"))]
+        if own and "summary.json" not in own and "checkpoints" not in own:
+            shown = ", ".join(own[:4]) + (", ..." if len(own) > 4 else "")
+            raise ConfigError(
+                f"run directory {self.path} is not empty and holds no raycobo run ({shown}); "
+                "choose a new or empty folder for --out"
+            )
 
     def _take_lock(self) -> None:
         f = (self.path / ".lock").open("a+")
@@ -532,6 +561,19 @@ class RunDir(BaseCallback):
         for log in (self._metrics, self._rounds):
             if log is not None:
                 log.close()
+
+    def discard(self) -> None:
+        """Undo ``open`` for a new run refused as it starts (a setting the data or the
+        engine rejects): the files it wrote go, and the folder when ``open`` made it."""
+        self._close_logs()
+        for name in ("config.yaml", "summary.json", "metrics.csv", "rounds.csv", PLUGINS_FILE):
+            with contextlib.suppress(OSError):
+                (self.path / name).unlink()
+        self.close()
+        with contextlib.suppress(OSError):
+            (self.path / ".lock").unlink()
+            if self._made:
+                self.path.rmdir()  # only when empty
 
     def close(self) -> None:
         self._close_logs()

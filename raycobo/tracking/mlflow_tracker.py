@@ -34,6 +34,36 @@ def flatten_params(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return {k: str(v)[:6000] for k, v in flat_tree(tree, prefix).items() if v is not None}
 
 
+@contextlib.contextmanager
+def _store_errors_unlogged():
+    """MLflow logs a failed store call (a deleted sqlite file: an 80-line SQLAlchemy
+    traceback) before raising it; the tracker says it in one line of its own."""
+    logger = logging.getLogger("mlflow")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    """The error beneath the wrappers (SQLAlchemy's ``orig``, the ``__cause__`` chain)."""
+    seen = set()
+    while id(err) not in seen:
+        seen.add(id(err))
+        inner = getattr(err, "orig", None) or err.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        err = inner
+    return err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
 def resolve_uri(uri: str) -> str:
     """Make a relative sqlite path absolute so workers and `mlflow ui` agree on it."""
     prefix = "sqlite:///"
@@ -122,9 +152,9 @@ class MLflowTracker(BaseCallback):
     # -- helpers -----------------------------------------------------------------------
     def _disable(self, err: BaseException) -> None:
         if self.enabled and not self.quiet:
-            msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            msg = _first_line(_root_cause(err))
             print(
-                f"warning: MLflow tracking disabled ({self.uri}): {msg[:200]}; "
+                f"warning: MLflow tracking disabled ({self.uri}): {msg}; "
                 "the run continues and its run directory is written",
                 file=sys.stderr,
             )
@@ -134,7 +164,8 @@ class MLflowTracker(BaseCallback):
         if not self.enabled or self.client is None or self.run_id is None:
             return None
         try:
-            return fn(*args, **kwargs)
+            with _store_errors_unlogged():
+                return fn(*args, **kwargs)
         except Exception as err:  # noqa: BLE001 - tracking must never stop a run
             self._disable(err)
             return None
@@ -163,7 +194,7 @@ class MLflowTracker(BaseCallback):
             for name in ("mlflow", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)
 
-            with store_lock(self.uri):  # the schema and the experiment, created once
+            with store_lock(self.uri), _store_errors_unlogged():  # created once
                 client = MlflowClient(tracking_uri=self.uri)
                 resumed = ctx.resumed_mlflow_run_id
                 if resumed and self._reopen(client, resumed):

@@ -71,6 +71,29 @@ def test_damaged_fashion_mnist_files_name_the_file(tiny_fashion):
     assert load_data(cfg).n_clients > 0
 
 
+def test_fashion_mnist_of_other_shapes_or_damaged_inside_the_gzip_is_named(tiny_fashion):
+    """(#70 item 5) A header rewritten from 28 x 28 to 14 x 56 (the same bytes) was read as
+    images of another shape than the test set's; bytes flipped inside the .gz ended with
+    a raw zlib.error. Each stops at load, naming the file."""
+    cfg = load_config(None, ["data.name=fashion_mnist", f"data.root={tiny_fashion}"])
+    images = tiny_fashion / "train-images-idx3-ubyte.gz"
+    good = images.read_bytes()
+    raw = bytearray(gzip.decompress(good))
+    raw[8:16] = (14).to_bytes(4, "big") + (56).to_bytes(4, "big")
+    images.write_bytes(gzip.compress(bytes(raw)))
+    with pytest.raises(ConfigError, match=r"28 x 28 .*train-images-idx3-ubyte.gz holds 14 x 56"):
+        load_data(cfg)
+    flipped = bytearray(gzip.compress(gzip.decompress(good)))  # a 10-byte gzip header
+    flipped[10] ^= 0xFF  # the deflate stream's first block header: zlib.error
+    images.write_bytes(bytes(flipped))
+    with pytest.raises(
+        ConfigError, match=r"cannot read .*train-images-idx3-ubyte.gz \(data.root\): error"
+    ):
+        load_data(cfg)
+    images.write_bytes(good)
+    assert load_data(cfg).n_clients > 0
+
+
 def test_fashion_mnist_loader_and_label_permutation(tiny_fashion):
     cfg = load_config(
         None,

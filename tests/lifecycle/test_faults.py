@@ -144,10 +144,11 @@ def _fill(disk: Path, leave: int) -> None:
         f.write(b"\0" * max(0, shutil.disk_usage(disk).free - leave))
 
 
-@pytest.mark.parametrize("leave", [8 * 1024, 160 * 1024])
+@pytest.mark.parametrize("leave", [0, 8 * 1024, 160 * 1024])
 def test_a_full_disk_names_the_file_in_one_line(small_disk, leave):
     """The run fills the disk (metrics rows, checkpoints): one line that names the file
-    and says 'no space left on device'; a summary whenever it still fits."""
+    and says 'no space left on device'; a summary whenever it still fits, and where none
+    could be written (a disk full from the start), the line says so."""
     _fill(small_disk, leave)
     res = cli(
         "run",
@@ -165,6 +166,8 @@ def test_a_full_disk_names_the_file_in_one_line(small_disk, leave):
     summary = small_disk / "r" / "summary.json"
     if summary.exists():
         assert json.loads(summary.read_text())["status"] == "failed"
+    else:
+        assert "no summary.json could be written" in line, line
 
 
 def test_paths_that_cannot_be_a_run_directory_are_bad_input(tmp_path):
@@ -361,7 +364,8 @@ def test_a_yaml_alias_bomb_is_refused_at_load(tmp_path):
     plain = tmp_path / "plain.yaml"
     plain.write_text("name: plain\ndata: {name: quadratic}\n")
     cyclic = cli("run", plain, "--out", tmp_path / "run2", "-q", "data.options=&c [*c]")
-    assert cyclic.exit_code == 2 and "expands to more than" in cyclic.output
+    assert cyclic.exit_code == 2, cyclic.output
+    assert "expands to more than" in cyclic.output or "nested deeper than" in cyclic.output
 
 
 def test_compare_refuses_duplicates_and_flags_a_resume_would_ignore(tmp_path):
@@ -492,3 +496,137 @@ def test_a_run_whose_loss_explodes_is_named_diverging(tmp_path, digits_cfg, name
     assert err.count("the run is diverging") == 1 and f"at round {d['round']}" in err
     sane = run_experiment(digits_cfg(*over), tmp_path / "sane")
     assert sane.summary["diverged"] is None
+
+
+def test_input_without_bounds_is_refused_before_it_is_parsed(tmp_path):
+    """(#70 item 3) A 2 MB YAML file (a flow list of zeros), a 100 KB string in
+    data.options (from a file, an override and the Python API) and a 50,000-deep nested
+    list each end exit 2 in one line naming the file or the key, at once, with no run
+    directory written."""
+    import raycobo
+    from raycobo.config import MAX_CONFIG_BYTES, MAX_VALUE_CHARS
+
+    big = tmp_path / "big.yaml"
+    zeros = "0, " * 700_000
+    big.write_text("name: big\ndata: {name: quadratic, options: {xs: [" + zeros + "0]}}\n")
+    assert big.stat().st_size > MAX_CONFIG_BYTES
+    long_value = "x" * (MAX_VALUE_CHARS + 1)
+    long = tmp_path / "long.yaml"
+    long.write_text(f"name: long\ndata: {{name: quadratic, options: {{s: {long_value}}}}}\n")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: deep\ndata: {options: {x: " + "[" * 50_000 + "]" * 50_000 + "}}\n")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("name: plain\ndata: {name: quadratic}\n")
+    cases = [
+        ((big,), "big.yaml", "a config file is at most 1 MiB"),
+        ((long,), "'data.options.s' in", "at most 65,536"),
+        ((deep,), "deep.yaml", "nested deeper than"),
+        ((plain, f"data.options={{s: {long_value}}}"), "data.options", "at most 65,536"),
+        ((plain, "data.options=" + "[" * 10_000 + "]" * 10_000), "override", "nested deeper"),
+    ]
+    t0 = time.perf_counter()
+    for i, (args, where, what) in enumerate(cases):
+        out = tmp_path / f"run{i}"
+        res = cli("run", *args, "--out", out, "-q")
+        assert res.exit_code == 2, res.output
+        line = one_line(res)
+        assert where in line and what in line, line
+        assert not out.exists()
+    assert time.perf_counter() - t0 < 120  # none of them is parsed or copied in full
+    with pytest.raises(ConfigError, match=r"'data.options.s' in the config: a value of"):
+        raycobo.load({"data": {"name": "quadratic", "options": {"s": long_value}}})
+
+
+def test_out_into_a_folder_of_the_users_own_files_is_refused(tmp_path):
+    """(#70 item 5) `--out` into a folder holding the user's own rounds.csv overwrote it;
+    one holding their config.yaml was called an unfinished run and left with a .lock.
+    Both are refused in one line with nothing written; so is a new comparison into a
+    folder that is not empty. An empty folder is a run directory like a new one."""
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("name: plain\ndata: {name: quadratic}\nrounds: 2\neval_every: 1\n")
+    for name in ("rounds.csv", "config.yaml"):
+        mine = tmp_path / f"mine_{name}"
+        mine.mkdir()
+        (mine / name).write_text("my own file\n")
+        res = cli("run", plain, "--out", mine, "-q", "--no-tracking")
+        assert res.exit_code == 2, res.output
+        line = one_line(res)
+        assert "is not empty and holds no raycobo run" in line and name in line, line
+        assert sorted(p.name for p in mine.iterdir()) == [name]
+        assert (mine / name).read_text() == "my own file\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli("run", plain, "--out", empty, "-q", "--no-tracking").exit_code == 0
+    again = cli("run", plain, "--out", empty, "-q", "--no-tracking")
+    assert again.exit_code == 2 and "already holds a finished run" in one_line(again)
+    comp = cli("compare", plain, "-a", "local", "--out", empty, "-q", "--no-tracking")
+    assert comp.exit_code == 2, comp.output
+    assert "compare: --out" in one_line(comp) and "is not empty" in one_line(comp)
+
+
+def test_sigterm_inside_an_import_at_the_end_is_an_interruption(tmp_path, monkeypatch):
+    """(#70 item 5) SIGTERM landing while matplotlib initialised a C extension for the
+    plots ended a run `failed` with `ImportError: initialization failed`: whatever breaks
+    once SIGTERM has arrived is the interruption, and --resume writes the final files."""
+    import raycobo.plots as plots
+
+    def import_interrupted(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except Terminated:  # what a C extension's init turns the handler's exception into
+            raise ImportError("initialization failed") from None
+
+    monkeypatch.setattr(plots, "write_run_plots", import_interrupted)
+    with pytest.raises(Terminated):
+        run_experiment(quad(), tmp_path / "r")
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["status"] == "interrupted" and s["error"] == "SIGTERM" and s["last_round"] == 20
+    monkeypatch.undo()
+    res = run_experiment(resume_config(tmp_path / "r"), tmp_path / "r", resume=True)
+    assert res.summary["status"] == "completed"
+
+
+def test_a_tracking_store_deleted_mid_run_is_one_warning_line(tmp_path, capfd):
+    """(#70 item 5) Deleting mlruns.db while a run logs to it printed an 80-line
+    SQLAlchemy traceback (MLflow's own log) before raycobo's warning; now the warning is
+    the one line, naming the cause, and the run completes."""
+    from raycobo.lifecycle.callbacks import BaseCallback
+    from raycobo.tracking.mlflow_tracker import MLflowTracker
+
+    db = tmp_path / "mlruns.db"
+
+    class DeleteStore(BaseCallback):
+        def on_round_end(self, ctx, r, stats):
+            if r == 3:
+                db.unlink()
+
+    cfg = quad("tracking.enabled=true", f"tracking.uri=sqlite:///{db}")
+    res = run_experiment(cfg, tmp_path / "r", [DeleteStore(), MLflowTracker(cfg.tracking)])
+    assert res.summary["status"] == "completed"
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: MLflow tracking disabled"), err
+    assert "readonly database" in err[0] or "no such table" in err[0], err[0]
+
+
+def test_the_summary_records_the_torch_threads_its_numbers_ran_on(tmp_path, digits_cfg):
+    """(#70 item 5) A parallel compare (one thread a run) differs from a serial one in the
+    last digits; the thread count is in the summary beside the execution plan."""
+    for threads in (1, 2):
+        cfg = digits_cfg("rounds=1", f"engine.threads={threads}")
+        res = run_experiment(cfg, tmp_path / f"t{threads}")
+        assert res.summary["execution"]["threads"] == threads
+
+
+def test_a_new_run_refused_as_it_starts_leaves_no_run_directory(tmp_path):
+    """(#70 item 3) A setting the data loader refuses (a data.root without the files)
+    used to leave a `failed` run directory holding the config: it is refused in one line
+    with nothing left, and an empty folder given as --out stays empty."""
+    quick = REPO / "examples" / "quickstart.yaml"
+    missing = f"data.root={tmp_path / 'nowhere'}"
+    res = cli("run", quick, missing, "--out", tmp_path / "new" / "r", "-q", "--no-tracking")
+    assert res.exit_code == 2 and "data.root" in one_line(res)
+    assert not (tmp_path / "new" / "r").exists()
+    (tmp_path / "empty").mkdir()
+    res = cli("run", quick, missing, "--out", tmp_path / "empty", "-q", "--no-tracking")
+    assert res.exit_code == 2 and list((tmp_path / "empty").iterdir()) == []
