@@ -23,6 +23,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from raycobo.version import __version__ as __version__
+
 _EXPORTS = {
     "run": "raycobo.api",
     "resume": "raycobo.api",
@@ -74,7 +76,6 @@ __all__ = [
     "run_plan",
     "sweep",
 ]
-__version__ = "0.2.0"
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from raycobo.algorithms.base import (

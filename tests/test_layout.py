@@ -11,6 +11,7 @@ PKG = Path(__file__).resolve().parents[1] / "raycobo"
 # lower ranks first; a module may import its own rank and below (lazy imports included)
 RANKS = {
     "settings": 0,
+    "version": 0,
     "rng": 0,
     "state": 0,
     "plots": 0,
@@ -38,16 +39,38 @@ def _modules():
         yield path, rel.parts[0].removesuffix(".py"), ast.parse(path.read_text())
 
 
-def _imported(tree: ast.AST) -> list[str]:
-    out = []
+def _is_module(dotted: str) -> bool:
+    path = PKG.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """The import nodes under ``if TYPE_CHECKING:`` (never run)."""
+    skip = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def _imported(tree: ast.AST) -> list[str]:
+    """The package's modules a module imports (lazy imports included): a name imported
+    from a package is that submodule where there is one, else the package itself
+    (``from raycobo import __version__`` imports the package's ``__init__``)."""
+    out = []
+    skip = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append(node.module)
-            if node.module == "raycobo":  # from raycobo import plots
-                out += [f"raycobo.{a.name}" for a in node.names]
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                out.append(full if _is_module(full) else node.module)
         elif isinstance(node, ast.Import):
             out += [a.name for a in node.names]
-    return [m for m in out if m.startswith("raycobo.")]
+    return [
+        m if m != "raycobo" else "raycobo.__init__" for m in out if m.split(".")[0] == "raycobo"
+    ]
 
 
 def test_imports_point_downward():
@@ -58,6 +81,50 @@ def test_imports_point_downward():
             if target in RANKS and RANKS[target] > RANKS[top]:
                 wrong.append(f"{path.relative_to(PKG)} imports {mod}")
     assert not wrong, "\n".join(wrong)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or around a loop, lazily or not (a
+    package's ``__init__`` counts as the package): what one needs from the other belongs
+    below both."""
+    graph: dict[str, set[str]] = {}
+    for path, _, tree in _modules():
+        me = _module_name(path)
+        seen = {m.removesuffix(".__init__") for m in _imported(tree)}
+        graph[me] = {m for m in seen if m != me and _is_module(m)}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                loops.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not loops, "\n".join(" <-> ".join(p) for p in loops)
 
 
 def test_no_function_over_60_lines():

@@ -74,7 +74,7 @@ def raycobo_version() -> str:
     ``__init__`` was not run (a checkout synced next to a script on a Ray cluster node
     imports as a namespace package)."""
     try:
-        from raycobo import __version__
+        from raycobo.version import __version__
 
         return __version__
     except ImportError:

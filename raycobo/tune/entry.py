@@ -8,18 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from raycobo.config import Config, ConfigError, with_overrides
-from raycobo.tune.space import check_space, read_spec
+from raycobo.config import Config, ConfigError
+from raycobo.tune.space import check_space, read_spec, tuning_base
 
-VALIDATION_SHARE = 0.2  # held out for scoring where the config holds out nothing
-
-
-def tuning_base(cfg: Config) -> Config:
-    """An entry's config scored on validation data (held out if it held out nothing)."""
-    share = cfg.validation_fraction() or VALIDATION_SHARE
-    return with_overrides(
-        cfg, {"data.validation_fraction": share, "data.evaluate_on": "validation"}
-    )
+__all__ = ["check_entry", "tune_entry", "tuning_base"]
 
 
 def check_entry(cfg: Config, space: Path) -> None:

@@ -13,38 +13,7 @@ from typing import Any
 from raycobo.config import Config, ConfigError
 from raycobo.tune.space import SweepSpec, tune_space
 
-MODEL_BASED = ("optuna", "hyperopt")
 INSTALL = "pip install 'raycobo[tune-search]'"
-
-
-def check_search(spec: SweepSpec) -> None:
-    """What the searcher and the scheduler can do with this space (before anything runs)."""
-    kinds = {key: next(iter(dist)) for key, dist in spec.space.items()}
-    grids = [k for k, kind in kinds.items() if kind == "grid"]
-    if spec.scheduler.kind == "pbt" and spec.search in MODEL_BASED:
-        raise ConfigError(
-            f"invalid sweep key 'search': pbt explores by itself; use search: random "
-            f"(not {spec.search})"
-        )
-    if spec.search in MODEL_BASED and grids:
-        raise ConfigError(
-            f"invalid sweep space 'space.{grids[0]}': search {spec.search} samples every "
-            "key and expands no grid; give it as {choice: [...]}, or use search: random"
-        )
-    if spec.scheduler.kind != "pbt":
-        return
-    for key in kinds:
-        if not key.startswith("algorithm.") or key == "algorithm.name":
-            raise ConfigError(
-                f"invalid sweep space 'space.{key}': pbt continues a trial from another's "
-                "checkpoint with perturbed values, which only a method's own settings "
-                "(algorithm.*, not algorithm.name) can change mid-run"
-            )
-    if not [k for k, kind in kinds.items() if kind != "grid"]:
-        raise ConfigError(
-            "invalid sweep key 'scheduler': pbt needs a key to perturb (a choice or a "
-            "range; grid keys stay fixed per trial)"
-        )
 
 
 def searcher(spec: SweepSpec, base: Config):

@@ -44,6 +44,7 @@ from raycobo.config import (
     with_overrides,
 )
 
+MODEL_BASED = ("optuna", "hyperopt")  # searchers that model the space (no grids)
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint", "quniform")
 
 
@@ -181,8 +182,6 @@ def load_sweep(
     apply_overrides(base_tree, overrides or [])
     base = validate(base_tree)
     check_space(spec, base, p)
-    from raycobo.tune.search import check_search
-
     check_search(spec)
     return spec, base
 
@@ -238,3 +237,45 @@ def tune_space(spec: SweepSpec) -> dict[str, Any]:
         elif kind == "randint":
             out[key] = tune.randint(*arg)
     return out
+
+
+def check_search(spec: SweepSpec) -> None:
+    """What the searcher and the scheduler can do with this space (before anything runs)."""
+    kinds = {key: next(iter(dist)) for key, dist in spec.space.items()}
+    grids = [k for k, kind in kinds.items() if kind == "grid"]
+    if spec.scheduler.kind == "pbt" and spec.search in MODEL_BASED:
+        raise ConfigError(
+            f"invalid sweep key 'search': pbt explores by itself; use search: random "
+            f"(not {spec.search})"
+        )
+    if spec.search in MODEL_BASED and grids:
+        raise ConfigError(
+            f"invalid sweep space 'space.{grids[0]}': search {spec.search} samples every "
+            "key and expands no grid; give it as {choice: [...]}, or use search: random"
+        )
+    if spec.scheduler.kind != "pbt":
+        return
+    for key in kinds:
+        if not key.startswith("algorithm.") or key == "algorithm.name":
+            raise ConfigError(
+                f"invalid sweep space 'space.{key}': pbt continues a trial from another's "
+                "checkpoint with perturbed values, which only a method's own settings "
+                "(algorithm.*, not algorithm.name) can change mid-run"
+            )
+    if not [k for k, kind in kinds.items() if kind != "grid"]:
+        raise ConfigError(
+            "invalid sweep key 'scheduler': pbt needs a key to perturb (a choice or a "
+            "range; grid keys stay fixed per trial)"
+        )
+
+
+VALIDATION_SHARE = 0.2  # held out for scoring where the config holds out nothing
+
+
+def tuning_base(cfg: Config) -> Config:
+    """A config scored on validation data (held out if it held out nothing): what a
+    sweep's trials and a comparison's tuning are scored on."""
+    share = cfg.validation_fraction() or VALIDATION_SHARE
+    return with_overrides(
+        cfg, {"data.validation_fraction": share, "data.evaluate_on": "validation"}
+    )

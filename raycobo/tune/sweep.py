@@ -26,14 +26,16 @@ from raycobo.config import (
     Config,
     ConfigError,
     engine_keys_before_rounds,
+    read_yaml,
     validate,
     with_overrides,
 )
 from raycobo.lifecycle.callbacks import RunContext
+from raycobo.lifecycle.plugins import check_plugins, write_plugin_record
 from raycobo.tune.console import console_to_log, trial_lines
 from raycobo.tune.results import final_run, summarize, write_report, write_summary
-from raycobo.tune.search import check_search, describe, grid_size, scheduler, searcher
-from raycobo.tune.space import SweepSpec, tune_space
+from raycobo.tune.search import describe, grid_size, scheduler, searcher
+from raycobo.tune.space import SweepSpec, check_search, tune_space, tuning_base
 from raycobo.tune.trial import trainable
 
 
@@ -104,7 +106,14 @@ def run_sweep(
     record["spec"] = spec.model_dump(mode="json", exclude_unset=True)
     record["base"] = base.to_dict()
     (root / SWEEP_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
+    write_plugin_record(root, _named_code(record))  # what a resume may import
     return _launch(spec, base, root, name, samples, False, final)
+
+
+def _named_code(record: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's base config with its search space beside it (a space can name a
+    plugin method as a value): what the plugin record covers."""
+    return {**record["base"], "sweep_space": record["spec"]}
 
 
 def resume_sweep(root: Path, trust_files: bool = False) -> dict[str, Any]:
@@ -121,7 +130,8 @@ def resume_sweep(root: Path, trust_files: bool = False) -> dict[str, Any]:
     check_plain_files(root, "sweep directory", links=True)
     if not trust_files:
         check_tune_files(root)
-    record = yaml.safe_load((root / SWEEP_FILE).read_text())
+    record = read_yaml(root / SWEEP_FILE)
+    check_plugins(root, _named_code(record), "sweep directory", trust_files)
     # the base is the config as given (not pinned): only the renamed engine keys are read
     # as the version that wrote them ran them
     base = validate(engine_keys_before_rounds(record["base"]))
@@ -341,8 +351,6 @@ def _scored(spec: SweepSpec, base: Config) -> Config:
     """The config every trial starts from: scored on validation (held out of each
     client's training data) unless the spec asks for the test split; under PBT, a
     checkpoint at every perturbation point (where it continues trials from)."""
-    from raycobo.tune.entry import tuning_base
-
     if spec.evaluate_on == "validation":
         base = tuning_base(base)
     else:

@@ -13,7 +13,8 @@ import torch
 
 from raycobo.engine.ray.errors import HostsLost
 from raycobo.engine.ray.ops import RayClientOps
-from raycobo.engine.ray.policies import RoundTiming, Schedule
+from raycobo.engine.ray.policies import Schedule
+from raycobo.engine.ray.timing import RoundTiming
 
 # what every engine report holds, whatever the policy adds
 REPORT_DEFAULTS = {

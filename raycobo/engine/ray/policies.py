@@ -20,7 +20,7 @@ handling.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -38,21 +38,9 @@ from raycobo.algorithms.base import (
     round_result,
 )
 from raycobo.engine.ray.ops import InFlight, RayClientOps
+from raycobo.engine.ray.timing import RoundTiming
 from raycobo.engine.session import LocalSession
 from raycobo.state import state_tree
-
-
-@dataclass
-class RoundTiming:
-    """The coordinator's measure of the rounds (reported in ``engine_report``)."""
-
-    compute_s: float = 0.0  # wall time of rounds inside the coordinator
-    host_compute_s: float = 0.0  # of which the slowest host computed
-    # from the first round's start to the last round's end, less the calls between
-    # rounds (evaluations, outputs, membership): pipelined rounds overlap the gaps
-    span: list[float] = field(default_factory=list)
-    between_s: float = 0.0
-    ahead_wait_s: float = 0.0  # calls between rounds waiting for a round submitted ahead
 
 
 class RoundPolicy(Protocol):

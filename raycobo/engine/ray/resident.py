@@ -16,8 +16,8 @@ import torch
 from raycobo.algorithms.base import Evaluation, StepsInRows, agreement_of, change_members
 from raycobo.engine.ray.errors import HostStateLost, actor_lost
 from raycobo.engine.ray.ops import RayClientOps, gather_evaluation
-from raycobo.engine.ray.policies import RoundTiming
 from raycobo.engine.ray.resident_host import GradsRequest, StepAnswer, UpdateRequest
+from raycobo.engine.ray.timing import RoundTiming
 from raycobo.state import state_tree
 
 RowStep = Any  # the round's row step, the method's (``StepsInRows.row_step``)
