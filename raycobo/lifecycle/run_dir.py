@@ -264,8 +264,8 @@ class RunDir(BaseCallback):
         says so, naming the file."""
         if not resume:
             self._refuse_foreign()
-        self._made = not self.path.exists()
         try:
+            self._made = not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
             self._take_lock()
         except RunDirBusy:
