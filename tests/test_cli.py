@@ -83,10 +83,39 @@ def test_run_writes_the_run_directory_and_tracks_in_mlflow(tmp_path, cfg_file):
     assert run.data.params["rounds"] == "30"
     hist = client.get_metric_history(run.info.run_id, "mean_loss")
     assert [m.step for m in hist] == [0, 10, 20, 30]
-    assert len(client.get_metric_history(run.info.run_id, "loss/client_004")) == 4
+    # the clients are a table at the end (series only with tracking.client_series)
+    assert client.get_metric_history(run.info.run_id, "loss/client_004") == []
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"summary.json", "config.yaml", "plots"} <= arts
+    assert {"summary.json", "config.yaml", "plots", "clients.json"} <= arts
     assert run.info.status == "FINISHED"
+    # (#71) the experiment opens on MLflow 3's training runs view, and the run says what
+    # it was and how it ended
+    exp = client.get_experiment(run.info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    note = run.data.tags["mlflow.note.content"]
+    assert note.startswith("cobo on quadratic, 5 clients, 30 rounds (completed): mean loss")
+
+
+def test_mlflow_shows_accuracy_in_percent_and_client_series_when_asked(tmp_path, cfg_file):
+    """Accuracy in one unit (percent, as the console and the report print it); every
+    client's series logged only with tracking.client_series."""
+    from mlflow.tracking import MlflowClient
+
+    db, out = tmp_path / "store.db", tmp_path / "run"
+    digits = ["data.name=digits", "data.partition.clients_per_cluster=2", "rounds=4"]
+    over = [*digits, "eval_every=2", "tracking.client_series=true"]
+    res = invoke("run", cfg_file, *over, f"tracking.uri=sqlite:///{db}", "--out", out, "-q")
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.metrics["mean_accuracy"] == pytest.approx(100 * summary["mean_accuracy"])
+    first = summary["clients"][0]
+    series = client.get_metric_history(run.info.run_id, "accuracy/client_000")
+    assert len(series) == 3 and series[-1].value == pytest.approx(100 * first["accuracy"])
+    assert f"mean accuracy {100 * summary['mean_accuracy']:.2f} %" in (
+        run.data.tags["mlflow.note.content"]
+    )
 
 
 def test_resolved_config_reproduces_the_run(tmp_path, cfg_file):

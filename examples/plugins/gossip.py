@@ -103,7 +103,7 @@ class Gossip:
     def apply_round(self, state: GossipState, plan: Plan, now, arrived):
         G, loss = now
         X = state.W @ (state.X - self.cfg.lr * G)  # adapt, then combine
-        return GossipState(X, state.W), self.stats(loss, 0, X.shape[0])
+        return GossipState(X, state.W), self.stats(loss, 0, plan.now.clients, state, X.shape[1])
 
     def plan_refusal(self) -> None:
         return None
@@ -134,8 +134,11 @@ class Gossip:
         return False
 
     @staticmethod
-    def stats(step_loss: torch.Tensor, E: int, n: int) -> dict[str, float]:
-        return {"train_loss": float(step_loss.mean())}
+    def stats(step_loss: torch.Tensor, E: int, members, state: GossipState, d: int) -> dict:
+        """The round's loss and communication: each client sends its model to each
+        neighbour it averages with (float32)."""
+        sent = int((state.W[members] > 0).sum()) - members.numel()  # w_ii is no message
+        return {"train_loss": float(step_loss.mean()), "bytes_sent": float(4 * sent * d)}
 
     @staticmethod
     def present(state: GossipState) -> int:

@@ -334,7 +334,9 @@ class StepsInRows(Protocol):
        (``rows_read``);
     3. ``apply_scores(state, edges, scores, t)`` keeps the coordinator's W in step with
        the hosts' (after ``faded(state, t)``, every round, where the method has it: the
-       hosts' ``faded``), ``stats(losses, E, m)`` gives the round's statistics.
+       hosts' ``faded``), ``stats(losses, E, members, state, d)`` gives the round's
+       statistics (``state``: the rows state its step read; d: the model's size, for
+       its communication).
 
     ``rows_start(ops)`` gives W^0 and the extras the rows state keeps (checkpointed by
     name); ``rows_state(W, active, extras)`` builds it, and the optional
@@ -364,7 +366,9 @@ class StepsInRows(Protocol):
 
     def updates_whole_rows(self) -> bool: ...
 
-    def stats(self, step_loss: torch.Tensor, E: int, n: int) -> dict[str, float]: ...
+    def stats(
+        self, step_loss: torch.Tensor, E: int, members: torch.Tensor, state: Any, d: int
+    ) -> dict[str, float]: ...
 
     def present(self, state: Any) -> int: ...
 

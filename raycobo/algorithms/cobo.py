@@ -60,6 +60,7 @@ from raycobo.algorithms.base import (
     SharedPoints,
     cluster_agreement,
 )
+from raycobo.algorithms.common import FLOAT
 from raycobo.algorithms.projections import project_box, project_simplex
 from raycobo.algorithms.samplers import SAMPLINGS, EdgeSampler, floor_at
 from raycobo.algorithms.settings import MethodConfig
@@ -1455,7 +1456,7 @@ class CoBo:
         models = X if state.active is None else X.index_select(0, members)
         G, L = ops.grads(members, SharedPoints(((models, 1),)), t, rng.STEP, 0)
         state = self.step(state, members, G)  # Eq. (3), W^{t+1} and x^t
-        return state, self.stats(L, edges.shape[0], members.numel())
+        return state, self.stats(L, edges.shape[0], members, state, X.shape[1])
 
     def apply_alignment(
         self, state: CoBoState, edges, G_align: torch.Tensor, t: int, by_pair: bool = False
@@ -1514,6 +1515,21 @@ class CoBo:
             X[members] = penalized_step(X[members], G, sub, c.lr, rho, c.pull, cut, c.pull_at)
         return replace(state, X=X, W=W, M=M)
 
+    def pull_reads(self, state: CoBoState, members: torch.Tensor) -> int:
+        """The collaborators Eq. (3) reads with ``state``'s W: ordered pairs (i, j), i a
+        present client and j another (present) one, whose w_ij is not 0 and clears the
+        pull's threshold -- each one model sent to i."""
+        cut = pull_cut(self.cfg)
+        W = state.W
+        if isinstance(W, SparseBoxWeights):
+            return int(W.read_per_row(cut)[members].sum())
+        ok = W.ne(0) & W.ge(cut) if cut is not None else W.ne(0)
+        ok = ok & ~torch.eye(W.shape[0], dtype=torch.bool, device=W.device)
+        rows = ok.index_select(0, members)
+        if state.active is not None:  # pulled only toward each other
+            rows = rows.index_select(1, members)
+        return int(rows.sum())
+
     def threshold(self) -> float:
         """The pull's threshold on w_ij (box domain; 0: every collaborator counts)."""
         return pull_cut(self.cfg) or 0.0
@@ -1551,20 +1567,21 @@ class CoBo:
         state = self.faded(state, t)
         state = self.apply_alignment(state, p.edges, G_all[:A], t, p.by_pair)  # Eq. (1)
         state = self.step(state, p.members, G_all[A:])  # Eq. (3), W^{t+1} and x^t
-        return state, self.stats(L_all[A:], E, n)
+        return state, self.stats(L_all[A:], E, p.members, state, state.X.shape[1])
 
     def _models_first(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
         """The authors' order: x^{t+1} from x^t with W^t (Eq. 3), then W^{t+1} from the
         gradients at the midpoints of the new models (Eq. 1); two engine requests."""
         members = self.sample_edges(state.active, t, ops.n_clients, state.X.device)[1]
         G, L = ops.grads(members, state.X[members], t, rng.STEP, 0)
-        state = self.faded(self.step(state, members, G), t)
+        stepped = self.step(state, members, G)
+        state = self.faded(stepped, t)
         p = self.plan(state, t, ops)  # the same edges: sampling depends on (seed, t) only
         E = p.edges.shape[0]
         if E:
             G_align, _ = ops.grads(p.align_clients, p.align_points, t, rng.ALIGN, p.align_salts)
             state = self.apply_alignment(state, p.edges, G_align, t)
-        return state, self.stats(L, E, members.numel())
+        return state, self.stats(L, E, members, stepped, state.X.shape[1])
 
     # -- the round as plan -> apply (PlansRounds: alignment results may arrive late) -----
     def plan_refusal(self) -> str | None:
@@ -1602,16 +1619,27 @@ class CoBo:
         assert now is not None
         members = plan.keep["members"]
         state = self.step(state, members, now[0])
-        stats = self.stats(now[1], plan.keep["edges"].shape[0], members.numel())
+        E, d = plan.keep["edges"].shape[0], state.X.shape[1]
+        stats = self.stats(now[1], E, members, state, d)
         stats["alignments_applied"] = float(applied)
         return state, stats
 
-    def stats(self, step_loss: torch.Tensor, E: int, n: int) -> dict[str, float]:
+    def stats(
+        self, step_loss: torch.Tensor, E: int, members: torch.Tensor, read: CoBoState, d: int
+    ) -> dict[str, float]:
+        """A round's statistics; ``read``: the state whose W the round's pull read. Its
+        communication (float32 numbers of d-dimensional models): for each of the E scored
+        pairs the two models to form the midpoint, one end's midpoint gradient to the
+        other and the score back, 3d + 1; for the pull, one model per collaborator read
+        (:meth:`pull_reads`)."""
+        reads = self.pull_reads(read, members)
         return {
             "train_loss": float(step_loss.mean()),
             "edges": float(E),
             "alignment_grads": float(2 * E * self.cfg.alignment_batches),
-            "clients": float(n),
+            "clients": float(members.numel()),
+            "pull_reads": float(reads),
+            "bytes_sent": float(FLOAT * (E * (3 * d + 1) + reads * d)),
         }
 
     # -- elasticity (CoBo Section 2: clients join and leave between rounds) ---------------

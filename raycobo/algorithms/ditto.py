@@ -21,7 +21,7 @@ from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import Answer, ClientOps, LocalSGD, Plan, run_plan
-from raycobo.algorithms.common import sample_clients
+from raycobo.algorithms.common import FLOAT, sample_clients
 from raycobo.algorithms.fedavg import fedavg_arrived, fedavg_request
 from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
 
@@ -74,7 +74,10 @@ class Ditto:
         assert now is not None and plan.now is not None
         V = state.V.clone()
         V[plan.now.clients] = now[0]
-        return DittoState(w, V), {"train_loss": float(now[1].mean())}
+        # the global model down to each of FedAvg's clients and its update back (the
+        # personal models stay with their clients); float32
+        sent = 2 * plan.ahead.clients.numel() * w.shape[0] * FLOAT
+        return DittoState(w, V), {"train_loss": float(now[1].mean()), "bytes_sent": float(sent)}
 
     def eval_params(self, state: DittoState) -> torch.Tensor:
         return state.V

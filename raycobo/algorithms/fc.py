@@ -28,6 +28,7 @@ from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
+from raycobo.algorithms.common import FLOAT
 from raycobo.algorithms.ifca import n_true_clusters
 from raycobo.algorithms.settings import ClusterCount, MethodConfig
 
@@ -91,6 +92,8 @@ class FederatedClustering:
             W[i] = inside.to(W.dtype)
             losses.append(loss[i])
         stats = {"train_loss": float(torch.stack(losses).mean()), "cross_grads": float(n * n)}
+        # every model to every other client and its gradient there back (float32)
+        stats["bytes_sent"] = float(2 * n * (n - 1) * X.shape[1] * FLOAT)
         return FCState(X, W), stats
 
     def eval_params(self, state: FCState) -> torch.Tensor:

@@ -38,7 +38,7 @@ from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps, Evaluation
-from raycobo.algorithms.common import top_indices
+from raycobo.algorithms.common import FLOAT, top_indices
 from raycobo.algorithms.settings import MethodConfig
 
 
@@ -150,7 +150,11 @@ class FedeRiCo:
             steps[received] += 1
         new = FedeRiCoState(Phi, ell, L, m, v, steps)
         own = loss.view(n, k)[:, 0]
-        return new, {"train_loss": float(own.mean()), "model_evals": float(n * k)}
+        # each client gets its M neighbours' models and sends each its weighted gradient
+        # (float32; its own model stays with it)
+        sent = 2 * n * (k - 1) * Phi.shape[1] * FLOAT
+        stats = {"train_loss": float(own.mean()), "model_evals": float(n * k)}
+        return new, {**stats, "bytes_sent": float(sent)}
 
     def mixture(self, state: FedeRiCoState) -> tuple[torch.Tensor, torch.Tensor]:
         """Each client's largest mixture components: model ids (n, k), weights (n, k)."""

@@ -22,7 +22,14 @@ import torch
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps, LocalSGD, compute
-from raycobo.algorithms.common import LocalSteps, group_average, same_group_matrix, sample_clients
+from raycobo.algorithms.common import (
+    FLOAT,
+    INDEX,
+    LocalSteps,
+    group_average,
+    same_group_matrix,
+    sample_clients,
+)
 from raycobo.algorithms.settings import ClientSampling, ClusterCount, LocalTraining, MethodConfig
 from raycobo.settings import ConfigError
 
@@ -119,7 +126,12 @@ class IFCA:
             ops, ClusteredState(state.Theta, assign), clients, self.cfg, t
         )
         used = int(torch.unique(assign).numel())
-        return new, {"train_loss": float(loss.mean()), "clusters_used": float(used)}
+        # each sampled client gets every cluster model and sends back its update and the
+        # cluster it chose (float32 numbers, an index)
+        k, d = state.Theta.shape
+        sent = clients.numel() * ((k + 1) * d * FLOAT + INDEX)
+        stats = {"train_loss": float(loss.mean()), "clusters_used": float(used)}
+        return new, {**stats, "bytes_sent": float(sent)}
 
     def eval_params(self, state: ClusteredState) -> torch.Tensor:
         return state.Theta[state.assign]

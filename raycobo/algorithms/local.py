@@ -38,7 +38,7 @@ class Local:
         X, loss = local_sgd(
             ops, all_clients(ops), state.X, self.cfg.lr, self.cfg.local_steps, t, rng.STEP
         )
-        return LocalState(X), {"train_loss": float(loss.mean())}
+        return LocalState(X), {"train_loss": float(loss.mean()), "bytes_sent": 0.0}  # none
 
     def eval_params(self, state: LocalState) -> torch.Tensor:
         return state.X

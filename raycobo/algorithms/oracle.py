@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 
 from raycobo.algorithms.base import ClientOps, Plan, run_plan
-from raycobo.algorithms.common import apply_arrived, same_group_matrix, sample_clients
+from raycobo.algorithms.common import FLOAT, apply_arrived, same_group_matrix, sample_clients
 from raycobo.algorithms.ifca import (
     ClusteredState,
     clustered_request,
@@ -63,6 +63,8 @@ class Oracle:
             arrived,
             lambda Theta, p, Y, fresh: clustered_update(Theta, p.keep, Y, fresh),
         )
+        # each sampled client's cluster model down and its update back (float32)
+        stats["bytes_sent"] = float(2 * plan.ahead.clients.numel() * Theta.shape[1] * FLOAT)
         return ClusteredState(Theta, state.assign), stats
 
     def eval_params(self, state: ClusteredState) -> torch.Tensor:

@@ -103,6 +103,24 @@ class SparseBoxWeights:
         keep = vals != base
         return SparseBoxWeights(self.n, self.keys[keep], vals[keep], base, self.w_ii)
 
+    def read_per_row(self, cut: float | None) -> torch.Tensor:
+        """(n,) int64: each row's off-diagonal entries that are not 0 and at least
+        ``cut`` (None: every nonzero one) -- the collaborators a pull reads."""
+
+        def passes(v: torch.Tensor) -> torch.Tensor:
+            return v.ne(0) & v.ge(cut) if cut is not None else v.ne(0)
+
+        i, j = self._pairs()
+        dev = self.vals.device
+        stored = torch.zeros(self.n, dtype=torch.int64, device=dev)
+        stored.index_add_(0, i, torch.ones_like(i)).index_add_(0, j, torch.ones_like(j))
+        ok = passes(self.vals).to(torch.int64)
+        out = torch.zeros(self.n, dtype=torch.int64, device=dev)
+        out.index_add_(0, i, ok).index_add_(0, j, ok)
+        if bool(passes(torch.tensor(self.base))):
+            out += self.n - 1 - stored  # the entries at the base
+        return out
+
     def nonzero_pairs(self) -> torch.Tensor:
         """The stored pairs (P, 2), i < j, sorted, whose w_ij is not 0 (with a base of 0:
         every nonzero off-diagonal entry)."""

@@ -26,6 +26,7 @@ from pydantic import Field
 
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps, all_clients
+from raycobo.algorithms.common import FLOAT
 from raycobo.algorithms.settings import MethodConfig
 
 
@@ -67,11 +68,19 @@ class ValidationBased:
     def round(self, state: TrustState, t: int, ops: ClientOps) -> tuple[TrustState, dict]:
         c = self.cfg
         W = state.W
+        n, d = state.X.shape
+        models = 0
         if t > 0 and t % c.trust_every == 0:
             W = self.trust(state.X, ops, t)
+            models = n * (n - 1)  # every model to every other client, to be validated
         G, loss = ops.grads(all_clients(ops), state.X, t, rng.STEP, 0)
         X = state.X - c.lr * (W.to(G.dtype) @ G)  # trust-weighted gradient aggregation
-        return TrustState(X, W), {"train_loss": float(loss.mean())}
+        # and each client gets the gradient of every peer it trusts (float32)
+        grads = int(W.ne(0).sum()) - int(W.diagonal().ne(0).sum())
+        return TrustState(X, W), {
+            "train_loss": float(loss.mean()),
+            "bytes_sent": float((models + grads) * d * FLOAT),
+        }
 
     def eval_params(self, state: TrustState) -> torch.Tensor:
         return state.X

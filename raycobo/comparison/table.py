@@ -163,10 +163,13 @@ def _present(key: str) -> Callable[[list[dict[str, Any]]], bool]:
 
 
 def _sent(r: dict[str, Any]) -> str:
-    """Megabytes sent, in human units; n/a for a method that does not count them."""
+    """Megabytes sent, in human units; a dash for nothing sent (Local), n/a for a
+    method that does not count them (a plugin's)."""
     mb = r.get("megabytes_sent")
     if mb is None:
         return "n/a" if r["seeds"] else "-"
+    if mb == 0:
+        return "—"
     return f"{mb / 1000:.3g} GB" if mb >= 1000 else f"{mb:.3g} MB"
 
 

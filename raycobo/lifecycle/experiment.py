@@ -303,7 +303,7 @@ def _finish(cfg, session: Session, task: Task, ctx, rs: RunState, found, start, 
         # the least w_ij the update reads (CoBo's pull threshold; null: all of W)
         "collaboration_cut": cfg.algorithm.collaboration_cut() if W_np is not None else None,
         "cluster_agreement": session.agreement(W),
-        "megabytes_sent": rs.bytes_sent / 1e6 if rs.bytes_sent else None,
+        "megabytes_sent": rs.bytes_sent / 1e6 if rs.bytes_sent is not None else None,
         # the round where the training loss exploded (finite: nothing stopped the run)
         "diverged": rs.diverged,
         "membership": rs.membership,

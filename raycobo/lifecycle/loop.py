@@ -30,7 +30,7 @@ class RunState:
     history: list[dict[str, Any]] = field(default_factory=list)  # evaluations so far
     snapshots: dict[int, np.ndarray] = field(default_factory=dict)  # W at heatmap rounds
     membership: list[dict[str, Any]] = field(default_factory=list)  # joins/leaves applied
-    bytes_sent: float = 0.0  # communication, for methods that count it
+    bytes_sent: float | None = None  # communication (None: the method counts none)
     wall_before: float = 0.0  # seconds spent before a resume
     first_train_loss: float | None = None  # the yardstick of divergence
     diverged: dict[str, float] | None = None  # the round where the loss exploded
@@ -57,7 +57,7 @@ class RunState:
             history=list(data["history"]),
             snapshots={int(r): m.numpy() for r, m in data["snapshots"].items()},
             membership=list(data["membership"]),
-            bytes_sent=float(data["bytes_sent"]),
+            bytes_sent=None if data["bytes_sent"] is None else float(data["bytes_sent"]),
             wall_before=float(data["wall_seconds"]),
             first_train_loss=data.get("first_train_loss"),  # (checkpoints before it: None)
             diverged=data.get("diverged"),
@@ -205,7 +205,8 @@ class Loop:
         if not all(math.isfinite(v) for v in stats.values()):
             raise FloatingPointError(f"non-finite training statistics at round {r}: {stats}")
         rs.round = r
-        rs.bytes_sent += stats.get("bytes_sent", 0.0)
+        if "bytes_sent" in stats:
+            rs.bytes_sent = (rs.bytes_sent or 0.0) + stats["bytes_sent"]
         watch_divergence(rs, r, stats.get("train_loss"))
         for cb in (self.writer, *self.callbacks):
             cb.on_round_end(ctx, r, stats)

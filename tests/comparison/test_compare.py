@@ -39,10 +39,10 @@ CSV_COLUMNS = [
     "failed",
     "run_dirs",
 ]
-# columns no row has a value in (perplexity, sent) are left out
+# columns no row has a value in (perplexity) are left out
 MD_HEADER = (
     "| algorithm | accuracy (%) | loss | Imp. vs Local (%) | worst 10 % (%) | worst 20 % (%) | "
-    "client std (%) | rounds to target | wall (s) |"
+    "client std (%) | rounds to target | wall (s) | sent |"
 )
 
 
@@ -99,7 +99,9 @@ def test_two_algorithms_two_seeds_table_matches_runs(tmp_path):
         # the first evaluation at or above the target (0.2), averaged over the seeds
         first = [next(h["round"] for h in s["history"] if h["mean_accuracy"] >= 0.2) for s in sums]
         assert row["rounds_to_target"] == pytest.approx(np.mean(first))
-        assert row["megabytes_sent"] is None  # neither method counts communication
+        sent = [s["megabytes_sent"] for s in sums]  # Local sends nothing; CoBo counts
+        assert row["megabytes_sent"] == pytest.approx(np.mean(sent))
+        assert (row["megabytes_sent"] == 0) == (row["algorithm"] == "local")
     local = [json.loads((out / "local" / f"seed{s}" / "summary.json").read_text()) for s in (0, 1)]
     cobo = [json.loads((out / "cobo" / f"seed{s}" / "summary.json").read_text()) for s in (0, 1)]
     imp = np.mean(

@@ -25,12 +25,12 @@ RowStep = Any  # the round's row step, the method's (``StepsInRows.row_step``)
 
 @dataclass
 class _Pending:
-    """A resident round submitted to the hosts: its edges, how many clients step, the
+    """A resident round submitted to the hosts: its edges, the clients that step, the
     (answer, new block) references of every live host's phase 2, and all blocks after."""
 
     t: int
     edges: torch.Tensor
-    members: int
+    members: torch.Tensor  # the clients that step
     steps: dict  # live host -> (answer, new block)
     blocks_after: list  # every host's block after the round
 
@@ -303,7 +303,7 @@ class ResidentRounds:
         after = list(blocks)  # x^{t+1}: the live hosts' new blocks, the dropped hosts' last
         for h, (_, block) in steps.items():
             after[h] = block
-        return _Pending(t, edges, members.numel(), steps, after)
+        return _Pending(t, edges, members, steps, after)
 
     def _phase1(
         self, h: int, t: int, ends: _Endpoints, members: torch.Tensor, blocks: list, hyper: RowStep
@@ -380,7 +380,7 @@ class ResidentRounds:
         ops.count_time(compute_s=p1 + p2)
         self.phase_s[0] += p1
         self.phase_s[1] += p2
-        return self.algo.stats(loss, E, p.members)
+        return self.algo.stats(loss, E, p.members, self._state(), ops.dim)
 
     def _host_links(self, *edge_sets: torch.Tensor | None) -> torch.Tensor:
         """(H, H) bool: the step of host h's present clients reads host k's models --
