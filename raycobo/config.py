@@ -301,6 +301,11 @@ class TrackingConfig(_Section):
     experiment: str = "raycobo"
     artifact_root: str = "mlartifacts"
     heatmap_rounds: list[int] | None = None
+    client_series: bool = Field(
+        default=False,
+        description="log every client's accuracy and loss as MLflow series too (by "
+        "default a run's clients are one table, clients.json, at its end)",
+    )
 
 
 class CompareConfig(_Section):

@@ -113,8 +113,9 @@ def test_mlflow_shows_accuracy_in_percent_and_client_series_when_asked(tmp_path,
     first = summary["clients"][0]
     series = client.get_metric_history(run.info.run_id, "accuracy/client_000")
     assert len(series) == 3 and series[-1].value == pytest.approx(100 * first["accuracy"])
-    assert f"mean accuracy {100 * summary['mean_accuracy']:.2f} %" in (
-        run.data.tags["mlflow.note.content"]
+    assert (
+        f"mean accuracy {100 * summary['mean_accuracy']:.2f} %"
+        in (run.data.tags["mlflow.note.content"])
     )
 
 

@@ -26,6 +26,13 @@ from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 from raycobo.lifecycle.provenance import mlflow_tags, provenance
 
 _MAX_BATCH = 100
+# experiments open on MLflow 3's runs view for model training, not its GenAI layout
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def in_percent(key: str, value: float) -> float:
+    """Accuracies go to MLflow in percent, as the console and the report show them."""
+    return 100.0 * value if "accuracy" in key else value
 
 
 def flatten_params(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -173,11 +180,16 @@ class MLflowTracker(BaseCallback):
     def experiment_id(self, client) -> str:
         exp = client.get_experiment_by_name(self.cfg.experiment)
         if exp is not None:
+            if not exp.tags.get("mlflow.experimentKind"):  # made before raycobo set it
+                for key, value in EXPERIMENT_KIND.items():
+                    client.set_experiment_tag(exp.experiment_id, key, value)
             return exp.experiment_id
         root = Path(self.cfg.artifact_root)
         location = root.resolve().as_uri() if "://" not in self.cfg.artifact_root else None
         return client.create_experiment(
-            self.cfg.experiment, artifact_location=location or self.cfg.artifact_root
+            self.cfg.experiment,
+            artifact_location=location or self.cfg.artifact_root,
+            tags=EXPERIMENT_KIND,
         )
 
     # -- callback ----------------------------------------------------------------------
@@ -242,7 +254,9 @@ class MLflowTracker(BaseCallback):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None]
+        batch = [
+            Metric(k, in_percent(k, float(v)), now, 0) for k, v in metrics.items() if v is not None
+        ]
         if batch:
             self._guard(self.client.log_batch, self.run_id, metrics=batch)
 
@@ -275,11 +289,13 @@ class MLflowTracker(BaseCallback):
         self._pending = []
         for key in ("mean_accuracy", "mean_loss", "w_within", "w_across"):
             if metrics.get(key) is not None:
-                batch.append(Metric(key, float(metrics[key]), now, round))
-        for c in metrics.get("clients", []):
-            for key in ("accuracy", "loss"):
-                if c.get(key) is not None:
-                    batch.append(Metric(f"{key}/client_{c['id']:03d}", float(c[key]), now, round))
+                batch.append(Metric(key, in_percent(key, float(metrics[key])), now, round))
+        if self.cfg.client_series:  # asked for: otherwise the clients are a table at the end
+            for c in metrics.get("clients", []):
+                for key in ("accuracy", "loss"):
+                    if c.get(key) is not None:
+                        value = in_percent(key, float(c[key]))
+                        batch.append(Metric(f"{key}/client_{c['id']:03d}", value, now, round))
         for a in range(0, len(batch), 1000):
             self._guard(self.client.log_batch, self.run_id, metrics=batch[a : a + 1000])
 
@@ -308,10 +324,40 @@ class MLflowTracker(BaseCallback):
                 self._guard(self.client.log_artifact, self.run_id, str(path))
         if (ctx.run_dir / "plots").is_dir():
             self._guard(self.client.log_artifacts, self.run_id, str(ctx.run_dir / "plots"), "plots")
+        if summary.get("clients"):  # the last evaluation, one row a client
+            table = clients_table(summary["clients"])
+            self._guard(self.client.log_table, self.run_id, table, "clients.json")
+        note = describe_run(ctx.cfg, summary) if self.role is None else None
+        if note:
+            self._guard(self.client.set_tag, self.run_id, "mlflow.note.content", note)
         if summary.get("status") == "stopped":  # a scheduler's decision: the run ended well
             for key in ("stopped_by", "last_round"):
                 self._guard(self.client.set_tag, self.run_id, f"raycobo.{key}", summary[key])
         self._guard(self.client.set_terminated, self.run_id, mlflow_status(summary))
+
+
+def clients_table(clients: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """A run's clients as MLflow's table: id, cluster, accuracy (%) and loss."""
+    acc = [None if c.get("accuracy") is None else 100.0 * c["accuracy"] for c in clients]
+    return {
+        "client": [c["id"] for c in clients],
+        "cluster": [c.get("cluster") for c in clients],
+        "accuracy (%)": acc,
+        "loss": [c.get("loss") for c in clients],
+    }
+
+
+def describe_run(cfg, summary: dict[str, Any]) -> str | None:
+    """The MLflow run's description: method, data and the headline figure."""
+    if "n_clients" not in summary:
+        return None
+    what = f"{cfg.algorithm.name} on {cfg.data.name}, {summary['n_clients']} clients, "
+    rounds = summary.get("last_round") or summary.get("rounds") or cfg.rounds
+    what += f"{rounds} rounds ({summary.get('status')})"
+    acc, loss = summary.get("mean_accuracy"), summary.get("mean_loss")
+    if acc is not None:
+        return f"{what}: mean accuracy {100 * acc:.2f} %"
+    return f"{what}: mean loss {loss:.4g}" if loss is not None else what
 
 
 def mlflow_status(summary: dict[str, Any]) -> str:
