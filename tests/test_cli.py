@@ -279,3 +279,52 @@ def test_a_run_into_a_log_file_shows_each_evaluation(tmp_path, cfg_file):
     assert all("loss" in x and x.rstrip().endswith("s)") for x in lines)
     prov = json.loads((out / "summary.json").read_text())["provenance"]
     assert prov["command"].startswith("raycobo run ") and "--no-tracking" in prov["command"]
+
+
+def test_mlflow_params_are_the_settings_the_run_reads():
+    """(#71 item 3) A CoBo run on digits logged ~100 params, the quadratic task's dim,
+    noise and curvature, partition.alpha on a label permutation, the LoRA keys on an MLP
+    and the Ray keys on a local run among them; now only what its data set, partition,
+    model, method and engine read (config.yaml keeps the rest)."""
+    from raycobo.config import load_config
+    from raycobo.tracking.mlflow_tracker import MLflowTracker
+
+    def params(*over: str) -> dict[str, str]:
+        cfg = load_config(None, list(over))
+        return MLflowTracker(cfg.tracking)._params(cfg)
+
+    digits = params("data.name=digits")
+    for unread in (
+        "data.dim",
+        "data.noise",
+        "data.curvature",
+        "data.partition.alpha",
+        "data.languages",
+        "model.lora_rank",
+        "model.norm",
+        "engine.staleness",
+        "engine.clients_per_actor",
+        "engine.address",
+        "compare.algorithms",
+    ):
+        assert unread not in digits, unread
+    for read in (
+        "data.fraction",
+        "data.test_fraction",
+        "data.partition.clients_per_cluster",
+        "model.hidden",
+        "engine.device",
+        "algorithm.rho",
+        "rounds",
+        "seed",
+    ):
+        assert read in digits, read
+    quad = params("data.name=quadratic")
+    assert {"data.dim", "data.noise", "data.curvature"} <= set(quad)
+    assert "data.fraction" not in quad and not any(k.startswith("model.") for k in quad)
+    dirichlet = params(
+        "data.name=digits", "data.partition.kind=dirichlet", "data.partition.num_clients=6"
+    )
+    assert "data.partition.alpha" in dirichlet and "data.partition.num_clusters" not in dirichlet
+    ray = params("data.name=digits", "engine.kind=ray")
+    assert {"engine.clients_per_actor", "engine.rounds", "engine.connect_timeout_s"} <= set(ray)

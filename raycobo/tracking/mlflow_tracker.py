@@ -24,6 +24,7 @@ from raycobo.algorithms.settings import MethodConfig
 from raycobo.config import TrackingConfig, flat_tree
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext
 from raycobo.lifecycle.provenance import mlflow_tags, provenance
+from raycobo.tracking.params import read_params
 
 _MAX_BATCH = 100
 # experiments open on MLflow 3's runs view for model training, not its GenAI layout
@@ -69,6 +70,11 @@ def _root_cause(err: BaseException) -> BaseException:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+def _as_params(flat: dict[str, Any]) -> dict[str, str]:
+    """Flat keys as MLflow params (a null key is left out, as in flatten_params)."""
+    return {k: str(v)[:6000] for k, v in flat.items() if v is not None}
 
 
 def resolve_uri(uri: str) -> str:
@@ -241,13 +247,13 @@ class MLflowTracker(BaseCallback):
         and the settings its runs share (no one method's keys, no swept key)."""
         if self.role is not None:
             tree = {k: v for k, v in cfg.to_dict().items() if k != "algorithm"}
-            shared = flatten_params(tree)
+            shared = _as_params(read_params(cfg, tree, ("compare",)))
             for key in self.role.varied:
                 shared.pop(key, None)
             return {**shared, **{k: str(v) for k, v in self.role.params.items()}}
         algo = cfg.algorithm
         own = algo.effective() if isinstance(algo, MethodConfig) else algo.model_dump()
-        return flatten_params({**cfg.to_dict(), "algorithm": own})
+        return _as_params(read_params(cfg, {**cfg.to_dict(), "algorithm": own}))
 
     def log_summary_metrics(self, metrics: dict[str, float | None]) -> None:
         """A parent's summary numbers (each entry's mean accuracy, the best trial's)."""
