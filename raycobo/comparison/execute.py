@@ -4,6 +4,8 @@ so one diverging method does not stop the others."""
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,14 +58,58 @@ def run_serial(
     make_progress: Callable[[str], Any],
     labels: bool,
 ) -> dict[tuple[str, int], Result]:
-    """``labels``: progress bars say the seed (several seeds per entry)."""
+    """``labels``: progress bars say the seed (several seeds per entry). Each bar says
+    which entry and seed of how many it is, and after each run one line says how many
+    runs are done and about how long the rest will take."""
     out = {}
-    for j in jobs:
-        progress = make_progress(j.label if labels else j.entry)
+    entries = list(dict.fromkeys(j.entry for j in jobs))
+    seeds = list(dict.fromkeys(j.seed for j in jobs))
+    clock = CompareClock([j.cfg.rounds for j in jobs])
+    for k, j in enumerate(jobs):
+        where = f"entry {entries.index(j.entry) + 1} of {len(entries)}"
+        if labels:
+            where += f", seed {seeds.index(j.seed) + 1} of {len(seeds)}"
+        progress = make_progress(f"{j.label if labels else j.entry} ({where})")
+        start = time.monotonic()
         out[(j.entry, j.seed)] = run_one(
             j.cfg, j.run_dir, make_callbacks(j.entry), progress, j.again
         )
+        clock.done(k, time.monotonic() - start)
+        if progress is not None and k + 1 < len(jobs):
+            print(f"compare: {clock.say()}", file=sys.stderr, flush=True)
     return out
+
+
+class CompareClock:
+    """The whole comparison's time: the runs done, and what is left estimated from the
+    seconds per round measured so far (each job's rounds weigh it)."""
+
+    def __init__(self, rounds: list[int]):
+        self.rounds, self.spent, self.finished = rounds, 0.0, 0
+
+    def done(self, k: int, seconds: float) -> None:
+        self.spent += seconds
+        self.finished = k + 1
+
+    def left_s(self) -> float:
+        ran = sum(self.rounds[: self.finished])
+        per_round = self.spent / ran if ran else 0.0
+        return per_round * sum(self.rounds[self.finished :])
+
+    def say(self) -> str:
+        return (
+            f"{self.finished} of {len(self.rounds)} runs done in {_clock(self.spent)}, "
+            f"about {_clock(self.left_s())} left"
+        )
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 def run_parallel(

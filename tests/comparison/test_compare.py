@@ -427,3 +427,34 @@ def test_variants_with_different_numbers_of_clients_plot_each_with_its_clusters(
     ]
     assert sizes == [4, 8]
     assert (root / "plots" / "collaboration.png").stat().st_size > 0
+
+
+def test_a_comparison_says_which_run_of_how_many_and_the_time_left(tmp_path):
+    """(#71 item 5) Each run's progress names its entry and seed of how many, and after
+    each run one line gives the whole comparison's runs done and time left (from the
+    seconds per round so far: a run of twice the rounds counts twice)."""
+    from typer.testing import CliRunner
+
+    from raycobo.cli import app
+    from raycobo.comparison.execute import CompareClock
+
+    clock = CompareClock([10, 10, 20])
+    clock.done(0, 5.0)
+    assert clock.left_s() == pytest.approx(15.0)
+    assert clock.say() == "1 of 3 runs done in 5 s, about 15 s left"
+    clock.done(1, 15.0)  # 20 s for 20 rounds: 1 s a round
+    assert clock.say() == "2 of 3 runs done in 20 s, about 20 s left"
+
+    quad = ["data.name=quadratic", "rounds=4", "eval_every=2", "tracking.enabled=false"]
+    args = ["compare", "-", *quad, "-a", "local,fedavg", "--seeds", "0,1"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: c\n")
+    args[1] = str(cfg)
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "cmp")])
+    assert res.exit_code == 0, res.output
+    err = res.stderr
+    assert "local seed 0 (entry 1 of 2, seed 1 of 2): round 2/4" in err
+    assert "fedavg seed 1 (entry 2 of 2, seed 2 of 2): round 4/4" in err
+    done = [ln for ln in err.splitlines() if ln.startswith("compare: ")]
+    assert [ln.split(" runs done")[0] for ln in done] == [f"compare: {k} of 4" for k in (1, 2, 3)]
+    assert all(" left" in ln for ln in done)
