@@ -103,16 +103,19 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag} must be comma-separated integers, got '{text}'") from None
 
 
-def _help_config(name: str, config: str | None) -> None:
-    """``run [CONFIG] --help-config NAME``: the method's settings, defaults and meaning;
-    a plugin is looked up in CONFIG's plugin_paths too."""
-    from rich.console import Console
-    from rich.table import Table
+SECTIONS = ("data", "partition", "model", "engine", "tracking", "checkpoint", "compare")
 
+
+def _help_config(name: str, config: str | None) -> None:
+    """``run [CONFIG] --help-config NAME``: the settings of a method (a plugin is looked up
+    in CONFIG's plugin_paths too) or of a config section (``data``, ``engine``, ...),
+    with their defaults and meaning."""
     from raycobo.algorithms import method
     from raycobo.config import read_config_tree
     from raycobo.registry import add_search_paths
 
+    if name in SECTIONS:
+        _section_help(name)
     try:
         if config is not None and "=" not in config:
             add_search_paths(read_config_tree(config).get("plugin_paths") or [])
@@ -121,16 +124,38 @@ def _help_config(name: str, config: str | None) -> None:
     try:
         settings = method(name).settings
     except ConfigError as err:
-        _fail(f"--help-config: {str(err).partition(': ')[2]}")
+        _fail(f"--help-config: {str(err).partition(': ')[2]} (or a section: {', '.join(SECTIONS)})")
     doc = (settings.__doc__ or name).strip().splitlines()[0]
-    t = Table(title=f"{name}: {doc}", title_justify="left")
+    _print_settings(f"{name}: {doc}", [("algorithm", settings)], skip={"name"})
+
+
+def _section_help(name: str) -> None:
+    """A config section's keys (``data`` with its partition's)."""
+    from raycobo.config import Config, DataConfig, PartitionConfig
+
+    fields = Config.model_fields
+    if name == "partition":
+        parts = [("data.partition", PartitionConfig)]
+    elif name == "data":
+        parts = [("data", DataConfig), ("data.partition", PartitionConfig)]
+    else:
+        parts = [(name, fields[name].annotation)]
+    _print_settings(f"the {name} section", parts, skip={"partition"})
+
+
+def _print_settings(title: str, parts: list, skip: set[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
     for col in ("key", "default", "meaning"):
         t.add_column(col)
-    for key, field in settings.model_fields.items():
-        if key == "name":
-            continue
-        default = field.get_default(call_default_factory=True)
-        t.add_row(f"algorithm.{key}", repr(default), field.description or "")
+    for prefix, settings in parts:
+        for key, field in settings.model_fields.items():
+            if key in skip:
+                continue
+            default = field.get_default(call_default_factory=True)
+            t.add_row(f"{prefix}.{key}", repr(default), field.description or "")
     Console(width=120).print(t)
     raise typer.Exit(0)
 
@@ -158,8 +183,9 @@ def run(
         str | None,
         typer.Option(
             "--help-config",
-            help="list the settings (algorithm.<key>) of this method with their defaults "
-            "(a plugin: also from CONFIG's plugin_paths), then exit",
+            help="list the settings of this method (algorithm.<key>; a plugin: also from "
+            "CONFIG's plugin_paths) or section (data, partition, model, engine, tracking, "
+            "checkpoint, compare) with their defaults, then exit",
             show_default=False,
         ),
     ] = None,

@@ -34,23 +34,35 @@ DEFAULT_FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 
 
 class PartitionConfig(_Section):
-    kind: str = "label_permutation"
-    # int: every cluster has this many clients; list: uneven cluster sizes.
-    clients_per_cluster: int | list[int] = Field(default=2)
-    num_clusters: int = Field(default=4, ge=1)
-    alpha: float = Field(default=0.5, gt=0, description="Dirichlet concentration")
-    classes_per_group: int | None = Field(default=None, ge=1)
-    shards_per_class: int = Field(default=2, ge=1)
-    classes_per_client: int = Field(default=2, ge=1)
-    # partitions without ground-truth clusters (dirichlet)
-    num_clients: int | None = Field(default=None, ge=1)
-    # partitions that split each client's own samples into train/test
-    test_split: float = Field(default=0.2, gt=0, lt=1)
-    # what those partitions (disjoint_classes, label_groups, shards) test on: own = the
-    # client's test_split share of its samples; classes = the test split's samples of
-    # the client's classes (data.test_fraction of them; L2C's protocol), all the
-    # client's samples then train
-    test_on: Literal["own", "classes"] = "own"
+    kind: str = Field(
+        default="label_permutation",
+        description="label_permutation, disjoint_classes, label_groups, shards or dirichlet",
+    )
+    clients_per_cluster: int | list[int] = Field(
+        default=2, description="clients of every cluster (a list: uneven cluster sizes)"
+    )
+    num_clusters: int = Field(default=4, ge=1, description="clusters (with an int above)")
+    alpha: float = Field(default=0.5, gt=0, description="dirichlet: the concentration")
+    classes_per_group: int | None = Field(
+        default=None, ge=1, description="label_groups: classes of a cluster (null: C / K)"
+    )
+    shards_per_class: int = Field(default=2, ge=1, description="shards: shards of a class")
+    classes_per_client: int = Field(default=2, ge=1, description="shards: classes a client")
+    num_clients: int | None = Field(
+        default=None, ge=1, description="dirichlet: clients (null: the clusters' sizes' sum)"
+    )
+    test_split: float = Field(
+        default=0.2,
+        gt=0,
+        lt=1,
+        description="partitions of each client's own samples: its share tested on",
+    )
+    test_on: Literal["own", "classes"] = Field(
+        default="own",
+        description="disjoint_classes, label_groups, shards: own (a test_split of the "
+        "client's samples) or classes (the test split's samples of its classes, "
+        "data.test_fraction of them; L2C's protocol)",
+    )
 
     @model_validator(mode="after")
     def _sizes(self) -> PartitionConfig:
@@ -70,9 +82,11 @@ class PartitionConfig(_Section):
 
 
 class DataConfig(_Section):
-    # a built-in data set, or a plugin: package.module:load or an entry point
-    name: str = "quadratic"
-    root: str | None = None
+    name: str = Field(
+        default="quadratic",
+        description="a built-in data set, or a plugin (package.module:load, an entry point)",
+    )
+    root: str | None = Field(default=None, description="where the data set's files are")
     path: str | None = Field(default=None, description="arrays: a .npz/.pt file or a folder")
     image_size: int | None = Field(default=None, ge=1, description="image_folder: resize to")
     num_classes: int | None = Field(
@@ -81,38 +95,60 @@ class DataConfig(_Section):
         description="arrays: the class count C (labels 0..C-1); null: the largest label + 1, "
         "at most 10,000",
     )
-    # settings of a plugin data set, handed to its loader as they are
-    options: dict[str, Any] = Field(default_factory=dict)
-    download: bool = False
-    # fraction of the training set each cluster shares (label_permutation)
-    fraction: float = Field(default=0.5, gt=0, le=1)
-    # fraction of the test split used for evaluation (per cluster)
-    test_fraction: float = Field(default=1.0, gt=0, le=1)
-    augment: bool = False
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="a plugin data set's settings, as they are"
+    )
+    download: bool = Field(default=False, description="fetch missing files (never in tests)")
+    fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="label_permutation: each cluster's share of the training set; other "
+        "partitions: the share of it the clients divide",
+    )
+    test_fraction: float = Field(
+        default=1.0, gt=0, le=1, description="share of the test split evaluated on"
+    )
+    augment: bool = Field(default=False, description="images: random crops and flips")
     num_samples: int | None = Field(default=None, ge=10, description="mnist1d size")
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
-    # quadratic task (CoBo Example 2)
-    dim: int = Field(default=10, ge=1)
-    noise: float = Field(default=0.1, ge=0)
-    curvature: tuple[float, float] = (0.5, 2.0)
-    center_scale: float = Field(default=1.0, ge=0)
-    init_scale: float = Field(default=0.0, ge=0)
-    # share of each client's training data held out for validation (stream VAL); null:
-    # 0.2 for the methods that learn from a validation loss (L2C, meta-L2C), else 0
-    validation_fraction: float | None = Field(default=None, ge=0, lt=1)
-    # what evaluations score: the test split, or each client's held-out validation part
-    # (tuning hyper-parameters without looking at the test data)
-    evaluate_on: Literal["test", "validation"] = "test"
-    # text (multilingual_text): one client per language / file / dataset config
-    languages: list[str] = Field(default_factory=lambda: ["ca", "es", "de", "nl"])
-    text_source: Literal["libreoffice_help", "text_files", "huggingface"] = "libreoffice_help"
-    text_files: list[str] = Field(default_factory=list)
-    hf_dataset: str | None = None
-    hf_configs: list[str] | None = None
-    hf_split: str = "train"
-    hf_text_field: str = "text"
+    dim: int = Field(default=10, ge=1, description="quadratic (CoBo Example 2): dimension")
+    noise: float = Field(default=0.1, ge=0, description="quadratic: gradient noise")
+    curvature: tuple[float, float] = Field(
+        default=(0.5, 2.0), description="quadratic: the curvatures' range"
+    )
+    center_scale: float = Field(default=1.0, ge=0, description="quadratic: optima's spread")
+    init_scale: float = Field(default=0.0, ge=0, description="quadratic: initial models'")
+    validation_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="share of each client's training data held out (null: 0.2 for the "
+        "methods that learn from a validation loss, L2C and meta-L2C, else 0)",
+    )
+    evaluate_on: Literal["test", "validation"] = Field(
+        default="test",
+        description="what evaluations score: the test split, or each client's held-out "
+        "validation part (tuning without looking at the test data)",
+    )
+    languages: list[str] = Field(
+        default_factory=lambda: ["ca", "es", "de", "nl"],
+        description="multilingual_text: one client per language",
+    )
+    text_source: Literal["libreoffice_help", "text_files", "huggingface"] = Field(
+        default="libreoffice_help", description="multilingual_text: where the prose is"
+    )
+    text_files: list[str] = Field(
+        default_factory=list, description="text_files: one client per file"
+    )
+    hf_dataset: str | None = Field(default=None, description="huggingface: the data set")
+    hf_configs: list[str] | None = Field(
+        default=None, description="huggingface: one client per config"
+    )
+    hf_split: str = Field(default="train", description="huggingface: the split")
+    hf_text_field: str = Field(default="text", description="huggingface: the text column")
     block_size: int = Field(default=128, ge=2, description="tokens per training block")
-    tokens_per_client: int = Field(default=200_000, ge=4)
+    tokens_per_client: int = Field(default=200_000, ge=4, description="text: tokens a client")
 
     @model_validator(mode="after")
     def _curv(self) -> DataConfig:

@@ -200,6 +200,26 @@ def plot_distribution(path: Path, values: dict[str, list[float]]) -> None:
     plt.close(fig)
 
 
+def plot_label_mix(path: Path, counts: list[list[int]]) -> None:
+    """Each client's training labels: the share of each class, one bar a client."""
+    mix = np.asarray(counts, dtype=float)
+    share = mix / np.maximum(mix.sum(axis=1, keepdims=True), 1.0)
+    n, C = share.shape
+    fig, ax = plt.subplots(figsize=(min(12, max(5, 0.25 * n + 2)), 3.2))
+    cmap = plt.get_cmap("tab20" if C > 10 else "tab10")
+    bottom = np.zeros(n)
+    for c in range(C):
+        ax.bar(np.arange(n), share[:, c], bottom=bottom, width=0.9, color=cmap(c % cmap.N))
+        bottom += share[:, c]
+    ax.set_xlabel("client")
+    ax.set_ylabel("share of its training labels")
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_ylim(0, 1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_scaling(path: Path, rows: list[dict[str, Any]]) -> None:
     """Round time, memory and final quality against the number of clients."""
     n = [r["n"] for r in rows]

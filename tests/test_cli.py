@@ -328,3 +328,49 @@ def test_mlflow_params_are_the_settings_the_run_reads():
     assert "data.partition.alpha" in dirichlet and "data.partition.num_clusters" not in dirichlet
     ray = params("data.name=digits", "engine.kind=ray")
     assert {"engine.clients_per_actor", "engine.rounds", "engine.connect_timeout_s"} <= set(ray)
+
+
+def test_every_run_reports_the_data_its_clients_got(tmp_path, cfg_file):
+    """(#71 item 2) A Dirichlet partition of a small fraction gave clients a handful of
+    test images and nothing said so. The data report (clients, counts and classes per
+    client) is printed, in summary.json, in the comparison's report with the label mix,
+    and in MLflow; a client with under 20 test samples and a data.fraction that means
+    the whole set's share are said."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path / "store.db"
+    over = [
+        "data.name=digits",
+        "data.fraction=0.1",
+        "data.partition.kind=dirichlet",
+        "data.partition.num_clients=6",
+        "rounds=2",
+        "eval_every=1",
+        f"tracking.uri=sqlite:///{db}",
+    ]
+    res = invoke("compare", cfg_file, *over, "-a", "local", "--out", tmp_path / "c")
+    assert res.exit_code == 0, res.output
+    err = res.stderr
+    assert "data: 6 clients; per client (min/median/max) train " in err
+    assert "test samples (its accuracy moves in steps of" in err
+    assert "under partition dirichlet, data.fraction = 0.1 is the share of the whole" in err
+    summary = json.loads((tmp_path / "c" / "local" / "summary.json").read_text())
+    data = summary["data"]
+    assert data["clients"] == 6 and data["num_classes"] == 10 and data["test"]["min"] < 20
+    per_client = [sum(row) for row in data["label_mix"]]  # training samples, every class
+    assert len(per_client) == 6 and min(per_client) == data["train"]["min"]
+    page = (tmp_path / "c" / "report.html").read_text()
+    assert "<h2>Data</h2>" in page and "6 clients" in page
+    assert (tmp_path / "c" / "plots" / "label_mix.png").is_file()
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    arts = {a.path for a in client.list_artifacts(summary["mlflow_run_id"])}
+    assert "data_report.json" in arts
+
+
+def test_help_config_lists_a_sections_keys():
+    res = invoke("run", "--help-config", "data")
+    assert res.exit_code == 0, res.output
+    assert "data.fraction" in res.output and "data.partition.alpha" in res.output
+    assert "dirichlet: the concentration" in res.output
+    eng = invoke("run", "--help-config", "engine")
+    assert eng.exit_code == 0 and "engine.staleness" in eng.output

@@ -68,7 +68,20 @@ def write_compare_plots(
     if len(sent) >= 2:
         written.append(pdir / "communication.png")
         plots.plot_communication(written[-1], sent)
+    data = data_of(results)
+    if data is not None and data.get("label_mix"):
+        written.append(pdir / "label_mix.png")
+        plots.plot_label_mix(written[-1], data["label_mix"])
     return written
+
+
+def data_of(results: dict[str, list[Result]]) -> dict[str, Any] | None:
+    """The data report of the comparison's first run (its entries share the data)."""
+    for rs in results.values():
+        for r in rs:
+            if r.summary.get("data"):
+                return r.summary["data"]
+    return None
 
 
 # what each figure shows, under it in the report (keyed by file stem)
@@ -78,6 +91,7 @@ CAPTIONS = {
     "collaboration": "The learned collaboration weights W at chosen rounds (first seed).",
     "client_accuracy": "Each client's accuracy (%) at the last round, all seeds.",
     "communication": "Final mean accuracy (%) against the megabytes sent over the run.",
+    "label_mix": "Each client's training labels (first seed): the share of each class.",
 }
 
 
@@ -176,15 +190,27 @@ def _how_to_read(rows: list[dict[str, Any]], target: float | None) -> list[str]:
     return reads
 
 
+def _data_section(data: dict[str, Any] | None, cfg: Config) -> str:
+    """The data report: one line of counts and the warnings about it."""
+    if data is None:
+        return ""
+    from raycobo.data.report import describe, warnings
+
+    lines = [describe(data).removeprefix("data: "), *warnings(data, cfg)]
+    body = "<br>".join(html.escape(x) for x in lines)
+    return f"<h2>Data</h2><p class=note>{body}</p>"
+
+
 def write_report(
     root: Path,
     cfg: Config,
     rows: list[dict[str, Any]],
     plot_files: list[Path],
     cfgs: dict[tuple[str, int], Config],
+    data: dict[str, Any] | None = None,
 ) -> Path:
     """``report.html``: one self-contained page (images embedded) with the table, the
-    plots, the settings and where the result came from."""
+    plots, the data the clients got, the settings and where the result came from."""
     esc = html.escape
     seeds = ", ".join(map(str, sorted({x for r in rows for x in r["seeds"]})))
     reads = _how_to_read(rows, cfg.compare.target_accuracy)
@@ -205,6 +231,7 @@ table.kv th,table.kv td{{text-align:left}}.scroll{{overflow-x:auto}}img{{max-wid
 <h2>Results</h2><div class=scroll>{html_table(rows)}</div>
 <p class=note>{"<br>".join(esc(x) for x in reads)}</p>
 <h2>Plots</h2>{_figures(plot_files)}
+{_data_section(data, cfg)}
 <h2>Settings</h2>{settings_tables(cfgs)}
 <p class=note>Each run's full resolved config is config.yaml in its run directory.</p>
 </body></html>

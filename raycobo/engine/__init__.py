@@ -29,14 +29,17 @@ class Task:
 
     model: str | None  # model.name, or None where the data set needs no model (quadratic)
     perplexity: bool  # a language model: report exp(loss) as mean_perplexity
+    data: dict | None = None  # what the clients got (raycobo.data.report)
 
 
 def open_session(cfg: Config) -> tuple[Session, Task]:
     """The data, the method and the engine of ``cfg`` as one session (not started)."""
     from raycobo.data import load_data
+    from raycobo.data.report import data_report
 
     data = load_data(cfg)
-    task = Task(cfg.model.name if data.uses_model else None, data.reports_perplexity)
+    model = cfg.model.name if data.uses_model else None
+    task = Task(model, data.reports_perplexity, data_report(data))
     return engine(cfg.engine.kind).open(cfg, data), task
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from datetime import datetime
@@ -154,6 +155,7 @@ def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals
         # initialization failed", a failed run instead of an interrupted one
         import raycobo.plots  # noqa: F401
 
+        _say_data(cfg, task, progress is not None)
         ctx.n_clients, ctx.clusters = session.n_clients, list(session.clusters)
         ctx.resumed_mlflow_run_id = found.mlflow_run_id if found is not None else None
         for cb in callbacks:
@@ -209,6 +211,18 @@ def _fail(caught: BaseException, writer: RunDir, ctx, rs, start, callbacks, sign
         raise err from None
     reason = _reason(err) + (f"; {unwritten}" if unwritten else "")
     raise RunFailed(writer.path, reason, last) from err
+
+
+def _say_data(cfg: Config, task: Task, show: bool) -> None:
+    """The data report's line (with the progress) and its warnings (always)."""
+    from raycobo.data.report import describe, warnings
+
+    if task.data is None:
+        return
+    if show:
+        print(describe(task.data), file=sys.stderr, flush=True)
+    for line in warnings(task.data, cfg):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _restore_or_start(
@@ -292,6 +306,7 @@ def _finish(cfg, session: Session, task: Task, ctx, rs: RunState, found, start, 
         "dataset": cfg.data.name,
         "model": task.model,
         "n_clients": session.n_clients,
+        "data": task.data,  # what the clients got
         "rounds": cfg.rounds,
         "last_round": rs.round,
         "seed": cfg.seed,

@@ -330,6 +330,8 @@ class MLflowTracker(BaseCallback):
                 self._guard(self.client.log_artifact, self.run_id, str(path))
         if (ctx.run_dir / "plots").is_dir():
             self._guard(self.client.log_artifacts, self.run_id, str(ctx.run_dir / "plots"), "plots")
+        if summary.get("data"):  # what the clients got (raycobo.data.report)
+            self._guard(self.client.log_dict, self.run_id, summary["data"], "data_report.json")
         if summary.get("clients"):  # the last evaluation, one row a client
             table = clients_table(summary["clients"])
             self._guard(self.client.log_table, self.run_id, table, "clients.json")
