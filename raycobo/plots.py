@@ -23,50 +23,70 @@ def _boundaries(clusters: list[int | None], order: np.ndarray) -> list[float]:
     return [i - 0.5 for i in range(1, len(lab)) if lab[i] != lab[i - 1]]
 
 
-# how opaque a weight below the update's cut (CoBo's pull threshold) is drawn
-FAINT = 0.3
+PANEL_IN = 3.6  # inches a W panel takes (about 360 px: labels of 10 px at 1280 px)
+TICK_PT, TITLE_PT = 10, 11
+
+
+def below_cut(M: np.ndarray, cut: float | None) -> np.ndarray:
+    """The learned weights the update leaves out: 0 < w_ij < cut (bool, NaN: False)."""
+    if not cut:
+        return np.zeros(M.shape, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        return np.greater(M, 0) & np.less(M, cut)
 
 
 def heatmap(
     ax, W: np.ndarray, clusters: list[int | None], title: str, cut: float | None = None
 ) -> Any:
-    """``cut``: the least w_ij the method's update reads; entries below it are faint."""
-    order = cluster_order(clusters) if clusters else np.arange(W.shape[0])
+    """``cut``: the least w_ij the method's update reads; the weights below it keep
+    their colour on the one colour bar and are marked with a cross (hatching)."""
+    known = any(c is not None for c in clusters) if clusters else False
+    order = cluster_order(clusters) if known else np.arange(W.shape[0])
     M = W[np.ix_(order, order)].astype(float).copy()
     np.fill_diagonal(M, np.nan)  # the diagonal carries no information
     vmax = 1.0 if np.nanmax(M, initial=0) <= 1.0 else np.nanmax(M)
     im = ax.imshow(M, cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
-    if cut:
-        with np.errstate(invalid="ignore"):  # the blank diagonal
-            im.set_alpha(np.where(np.greater_equal(M, cut), 1.0, FAINT))
-    for b in _boundaries(clusters, order) if clusters else []:
-        ax.axhline(b, color="white", lw=0.6)
-        ax.axvline(b, color="white", lw=0.6)
-    ax.set_title(title, fontsize=9)
     n = W.shape[0]
+    low = below_cut(M, cut)
+    if low.any():
+        ii, jj = np.nonzero(low)
+        size = max(4.0, (PANEL_IN * 72 / n) ** 2 * 0.35)  # a cross inside its cell
+        ax.scatter(jj, ii, marker="x", s=size, c="white", linewidths=0.8, alpha=0.9)
+    for b in _boundaries(clusters, order) if known else []:
+        ax.axhline(b, color="white", lw=0.8)
+        ax.axvline(b, color="white", lw=0.8)
+    ax.set_title(title, fontsize=TITLE_PT)
     # client ids (in cluster order) where they fit side by side; else every k-th
-    every = max(1, -(-n // 12))
+    every = max(1, -(-n // 8))
     ticks = list(range(0, n, every))
-    ax.set_xticks(ticks, [str(order[i]) for i in ticks], fontsize=6, rotation=90)
-    ax.set_yticks(ticks, [str(order[i]) for i in ticks], fontsize=6)
-    ax.set_xlabel("client j", fontsize=7)
-    ax.set_ylabel("client i", fontsize=7)
+    ax.set_xticks(ticks, [str(order[i]) for i in ticks], fontsize=TICK_PT, rotation=90)
+    ax.set_yticks(ticks, [str(order[i]) for i in ticks], fontsize=TICK_PT)
+    ax.set_xlabel("client j", fontsize=TICK_PT)
+    ax.set_ylabel("client i", fontsize=TICK_PT)
     return im
 
 
-# the note under every W figure: what the blank diagonal and the white lines are
-HEATMAP_NOTE = (
-    "row i: client i's weights w_ij; clients ordered by true cluster, white lines between "
-    "clusters; the diagonal is blank (w_ii is not learned); where the method pulls only "
-    "toward weights at or above a threshold (CoBo's pull_threshold, the red line on the "
-    "colour bar), the weights below it are drawn faint: learned, but not pulled toward"
-)
+def heatmap_note(clustered: bool, cut: bool) -> str:
+    """The note under a W figure, as the setting is (clusters known, a cut drawn)."""
+    note = "Row i: client i's weights w_ij; "
+    if clustered:
+        note += "clients ordered by true cluster, white lines between clusters; "
+    note += "the diagonal is blank (w_ii is not learned)"
+    if cut:
+        note += (
+            "; where the method pulls only toward weights at or above a threshold (CoBo's "
+            "pull_threshold, the red line on the colour bar), the weights below it are "
+            "marked with a white cross: learned, but not pulled toward"
+        )
+    return note + "."
 
 
 def _colorbar(fig, im, axes: list, cuts: set[float], shrink: float) -> None:
-    bar = fig.colorbar(im, ax=axes, shrink=shrink, label="w_ij")
+    bar = fig.colorbar(im, ax=axes, shrink=shrink)
+    bar.set_label("w_ij", fontsize=TICK_PT)
+    bar.ax.tick_params(labelsize=TICK_PT)
     for cut in sorted(cuts):
-        bar.ax.axhline(cut, color="red", lw=1.2)
+        bar.ax.axhline(cut, color="red", lw=1.5)
 
 
 def plot_collaboration(
@@ -77,7 +97,8 @@ def plot_collaboration(
     cut: float | None = None,
 ) -> None:
     rounds = sorted(snapshots)
-    fig, axes = plt.subplots(1, len(rounds), figsize=(3.2 * len(rounds), 3.2), squeeze=False)
+    side = PANEL_IN
+    fig, axes = plt.subplots(1, len(rounds), figsize=(side * len(rounds), side), squeeze=False)
     im = None
     for ax, r in zip(axes[0], rounds, strict=True):
         im = heatmap(ax, snapshots[r], clusters, f"{label} round {r}".strip(), cut)
@@ -115,11 +136,15 @@ def write_run_plots(
     return written
 
 
-def plot_curves_band(path: Path, runs: dict[str, list[list[dict[str, Any]]]]) -> None:
-    """Mean accuracy (when defined) and loss against rounds: mean over seeds, +- std band."""
+def plot_curves_band(
+    path: Path, runs: dict[str, list[list[dict[str, Any]]]], only: str | None = None
+) -> None:
+    """Mean accuracy (when defined) and loss against rounds: mean over seeds, +- std band
+    (``only``: one of the two, a panel of its own)."""
     first = next(iter(runs.values()))[0]
     has_acc = any(h.get("mean_accuracy") is not None for h in first)
     keys = ["mean_accuracy", "mean_loss"] if has_acc else ["mean_loss"]
+    keys = [only] if only is not None else keys
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
     for name, histories in runs.items():
         rounds = [h["round"] for h in histories[0]]
@@ -159,7 +184,7 @@ def plot_matrix_grid(
     names = list(snaps)
     ncols = max(len(v) for v in snaps.values())
     fig, axes = plt.subplots(
-        len(names), ncols, figsize=(2.8 * ncols, 2.8 * len(names)), squeeze=False
+        len(names), ncols, figsize=(PANEL_IN * ncols, PANEL_IN * len(names)), squeeze=False
     )
     im = None
     for i, name in enumerate(names):

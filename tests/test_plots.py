@@ -10,18 +10,30 @@ import numpy as np
 from raycobo import plots
 
 
-def test_weights_below_the_cut_are_drawn_faint():
-    W = np.array([[1.0, 0.9, 0.2], [0.9, 1.0, 0.6], [0.2, 0.6, 1.0]])
+def test_weights_below_the_cut_keep_their_colour_and_are_marked():
+    """(#71 item 4) Drawn faint, CoBo's sub-threshold zeros looked lavender beside the
+    Oracle's dark zeros on the same colour bar; they keep the one colour scale and carry
+    a cross each, and the zeros none."""
+    W = np.array([[1.0, 0.9, 0.2], [0.9, 1.0, 0.0], [0.2, 0.0, 1.0]])
     fig, ax = plt.subplots()
     try:
         im = plots.heatmap(ax, W, [0, 0, 1], "W", cut=0.5)
-        alpha = np.asarray(im.get_alpha())  # in cluster order: 0, 1, 2 (already)
-        assert alpha[0, 1] == alpha[1, 2] == 1.0
-        assert alpha[0, 2] == alpha[2, 0] == plots.FAINT
-        plain = plots.heatmap(ax, W, [0, 0, 1], "W")  # no cut: one opacity for all
-        assert plain.get_alpha() is None
+        assert im.get_alpha() is None  # one opacity, one colour scale
+        (marks,) = ax.collections
+        assert sorted(map(tuple, marks.get_offsets().tolist())) == [(0.0, 2.0), (2.0, 0.0)]
+        ax2 = fig.add_subplot(2, 1, 2)
+        plots.heatmap(ax2, W, [0, 0, 1], "W")  # no cut: nothing marked
+        assert not ax2.collections
     finally:
         plt.close(fig)
+
+
+def test_the_w_note_matches_the_setting():
+    """The caption said "clients ordered by true cluster" where there were none."""
+    assert "ordered by true cluster" in plots.heatmap_note(True, False)
+    plain = plots.heatmap_note(False, False)
+    assert "cluster" not in plain and "cross" not in plain
+    assert "white cross" in plots.heatmap_note(False, True)
 
 
 def test_a_cobo_run_records_its_cut_and_a_comparison_grid_draws_it(quad_cfg, tmp_path):

@@ -17,7 +17,12 @@ from typing import Any
 
 from raycobo.comparison.execute import run_parallel, run_serial
 from raycobo.comparison.plan import Plan, entry_config, make_plan
-from raycobo.comparison.report import data_of, write_compare_plots, write_report
+from raycobo.comparison.report import (
+    data_of,
+    figure_notes,
+    write_compare_plots,
+    write_report,
+)
 from raycobo.comparison.table import (
     TABLE_COLUMNS,
     finished,
@@ -106,7 +111,8 @@ def _write(cfg: Config, plan: Plan, results: dict[str, list[Result]]):
     plots = write_compare_plots(
         plan.root, {e: rs for e, rs in ok.items() if rs}, cfg.compare.heatmap_rounds
     )
-    report = write_report(plan.root, cfg, rows, plots, plan.configs, data_of(ok))
+    notes = figure_notes(ok)
+    report = write_report(plan.root, cfg, rows, plots, plan.configs, data_of(ok), notes)
     tables = [plan.root / f"comparison.{x}" for x in ("md", "csv")]
     return rows, [*tables, report]  # plots/ goes with the parent run's folder
 

@@ -33,9 +33,13 @@ def write_compare_plots(
     pdir = root / "plots"
     pdir.mkdir(exist_ok=True)
     written = [pdir / "curves.png"]
-    plots.plot_curves_band(
-        written[0], {e: [r.summary["history"] for r in rs] for e, rs in results.items()}
-    )
+    histories = {e: [r.summary["history"] for r in rs] for e, rs in results.items()}
+    plots.plot_curves_band(written[0], histories)
+    first_run = next(iter(histories.values()))[0]
+    for key in ("mean_accuracy", "mean_loss"):  # one panel each: side by side or stacked
+        if any(h.get(key) is not None for h in first_run):
+            written.append(pdir / f"curves_{key.removeprefix('mean_')}.png")
+            plots.plot_curves_band(written[-1], histories, only=key)
     first = {e: rs[0] for e, rs in results.items()}
     # entries may differ in their clients (e.g. variants over the number of clusters)
     clusters = {e: [c["cluster"] for c in r.summary["clients"]] for e, r in first.items()}
@@ -88,6 +92,10 @@ def data_of(results: dict[str, list[Result]]) -> dict[str, Any] | None:
 CAPTIONS = {
     "curves": "Mean accuracy (%) and loss over clients against rounds; mean over seeds, "
     "the band one standard deviation.",
+    "curves_accuracy": "Mean accuracy (%) over clients against rounds; mean over seeds, "
+    "the band one standard deviation.",
+    "curves_loss": "Mean loss over clients against rounds; mean over seeds, the band one "
+    "standard deviation.",
     "collaboration": "The learned collaboration weights W at chosen rounds (first seed).",
     "client_accuracy": "Each client's accuracy (%) at the last round, all seeds.",
     "communication": "Final mean accuracy (%) against the megabytes sent over the run.",
@@ -156,19 +164,38 @@ def settings_tables(cfgs: dict[tuple[str, int], Config]) -> str:
     return "".join(out)
 
 
-def _figures(plot_files: list[Path]) -> str:
-    from raycobo.plots import HEATMAP_NOTE
-
-    out = []
-    for p in plot_files:
-        caption = CAPTIONS.get(p.stem, p.stem.replace("_", " "))
-        if p.stem == "collaboration":
-            caption += " " + HEATMAP_NOTE[0].upper() + HEATMAP_NOTE[1:] + "."
-        out.append(
-            f'<figure><img src="{_embedded(p)}" alt="{html.escape(caption)}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-        )
+def _figures(plot_files: list[Path], notes: dict[str, str]) -> str:
+    """The figures with their captions: the curves' panels side by side where the page
+    is wide and stacked where it is narrow, W at a readable size (scrolled on a phone)."""
+    stems = {p.stem for p in plot_files}
+    curves = [p for p in plot_files if p.stem.startswith("curves_")]
+    shown = [p for p in plot_files if p not in curves and not (p.stem == "curves" and curves)]
+    out = [f"<div class=row>{''.join(_figure(p, notes) for p in curves)}</div>"] if curves else []
+    for p in shown:
+        wide = p.stem == "collaboration" and "collaboration" in stems
+        fig = _figure(p, notes)
+        out.append(f"<div class='scroll wide'>{fig}</div>" if wide else fig)
     return "".join(out)
+
+
+def _figure(p: Path, notes: dict[str, str]) -> str:
+    caption = CAPTIONS.get(p.stem, p.stem.replace("_", " "))
+    if p.stem in notes:
+        caption += " " + notes[p.stem]
+    return (
+        f'<figure><img src="{_embedded(p)}" alt="{html.escape(caption)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def figure_notes(results: dict[str, list[Result]]) -> dict[str, str]:
+    """What the W figure's note says, as the compared runs are (clusters, a cut)."""
+    from raycobo.plots import heatmap_note
+
+    firsts = [rs[0].summary for rs in results.values() if rs]
+    clustered = any(c.get("cluster") is not None for s in firsts for c in s.get("clients", []))
+    cut = any(s.get("collaboration_cut") for s in firsts)
+    return {"collaboration": heatmap_note(clustered, cut)}
 
 
 def _how_to_read(rows: list[dict[str, Any]], target: float | None) -> list[str]:
@@ -208,6 +235,7 @@ def write_report(
     plot_files: list[Path],
     cfgs: dict[tuple[str, int], Config],
     data: dict[str, Any] | None = None,
+    notes: dict[str, str] | None = None,
 ) -> Path:
     """``report.html``: one self-contained page (images embedded) with the table, the
     plots, the data the clients got, the settings and where the result came from."""
@@ -222,6 +250,8 @@ def write_report(
 <style>body{{font-family:sans-serif;margin:1em auto;max-width:1100px;padding:0 1em}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
 table.kv th,table.kv td{{text-align:left}}.scroll{{overflow-x:auto}}img{{max-width:100%}}
+.row{{display:flex;flex-wrap:wrap;gap:1em}}.row figure{{flex:1 1 420px;margin:0}}
+.wide img{{min-width:640px}}figure{{margin:1em 0}}
 .note,figcaption,.prov{{color:#555;font-size:90%}}</style>
 </head><body>
 <h1>{esc(cfg.name)}: {esc(", ".join(r["algorithm"] for r in rows))}</h1>
@@ -230,7 +260,7 @@ table.kv th,table.kv td{{text-align:left}}.scroll{{overflow-x:auto}}img{{max-wid
 {esc(seeds)}.</p>
 <h2>Results</h2><div class=scroll>{html_table(rows)}</div>
 <p class=note>{"<br>".join(esc(x) for x in reads)}</p>
-<h2>Plots</h2>{_figures(plot_files)}
+<h2>Plots</h2>{_figures(plot_files, notes or {})}
 {_data_section(data, cfg)}
 <h2>Settings</h2>{settings_tables(cfgs)}
 <p class=note>Each run's full resolved config is config.yaml in its run directory.</p>
