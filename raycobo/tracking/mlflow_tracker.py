@@ -390,7 +390,12 @@ def runs_link(cfg: TrackingConfig) -> str | None:
         return None
     if exp is None:
         return None
-    return f"http://127.0.0.1:{UI_PORT}/#/experiments/{exp.experiment_id}/runs"
+    # MLflow 3 keeps a GenAI / model-training mode of its own (the experiment's kind tag
+    # does not choose it): the link opens the model-training view, which then stays
+    return (
+        f"http://127.0.0.1:{UI_PORT}/#/experiments/{exp.experiment_id}/runs"
+        "?workflowType=machine_learning"
+    )
 
 
 def ui_command(cfg: TrackingConfig) -> str:

@@ -305,7 +305,8 @@ def test_compare_nests_its_runs_under_one_mlflow_parent(tmp_path):
 
     exp_id = parents[0].info.experiment_id
     link = runs_link(TrackingConfig(uri=f"sqlite:///{db}", experiment=exp_name(client, exp_id)))
-    assert link == f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs"
+    table = f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs"
+    assert link == table + "?workflowType=machine_learning"  # MLflow 3's training view
     # provenance on every run: MLflow's own source columns and raycobo's record
     for run in runs:
         tags = run.data.tags
