@@ -118,7 +118,7 @@ class DataConfig(_Section):
         default=(0.5, 2.0), description="quadratic: the curvatures' range"
     )
     center_scale: float = Field(default=1.0, ge=0, description="quadratic: optima's spread")
-    init_scale: float = Field(default=0.0, ge=0, description="quadratic: initial models'")
+    init_scale: float = Field(default=0.0, ge=0, description="quadratic: initial models' spread")
     validation_fraction: float | None = Field(
         default=None,
         ge=0,

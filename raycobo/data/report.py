@@ -12,6 +12,7 @@ import torch
 
 from raycobo.config import Config
 from raycobo.data.base import FederatedData
+from raycobo.data.quadratic import QuadraticProblem
 
 SMALL_TEST = 20  # below this many test samples a client's accuracy moves in coarse steps
 LABEL_MIX_MAX = 20_000  # clients x classes kept for the label-mix plot
@@ -24,7 +25,10 @@ def _spread(values: list[int]) -> dict[str, float]:
 def data_report(data: Any) -> dict[str, Any]:
     """The data report of a run's clients (classification data: counts and classes per
     client; other tasks: the clients and their clusters)."""
-    clusters = list(getattr(data, "clusters", []) or [])
+    if isinstance(data, QuadraticProblem):
+        clusters: list[int | None] = [int(c) for c in data.cluster.tolist()]
+    else:
+        clusters = list(getattr(data, "clusters", []) or [])
     n = int(getattr(data, "n_clients", len(clusters)))
     sizes = Counter(c for c in clusters if c is not None)
     out: dict[str, Any] = {"clients": n, "cluster_sizes": [sizes[k] for k in sorted(sizes)]}

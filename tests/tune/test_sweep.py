@@ -121,7 +121,9 @@ def test_four_trial_sweep_tracks_trials_and_writes_a_runnable_best_config(tmp_pa
     assert all("running" in x and "failed" in x for x in status)
     final = [x for x in lines if x.startswith("t best on test: round ")]  # its progress
     assert len(final) == 4  # rounds 10..40, every 10
-    assert len(lines) - len(status) - len(final) <= 1 + 4 + 6, res.output
+    data = [x for x in lines if x.startswith("data: ")]  # the test run's data report
+    assert data == ["data: 4 clients in 2 clusters (2 each)"]  # (the quadratic task)
+    assert len(lines) - len(status) - len(final) - len(data) <= 1 + 4 + 6, res.output
     assert "4 trials: 2 completed, 0 stopped, 2 failed, 0 interrupted" in res.output
     assert "best mean_loss on validation" in res.output and "on test (run once" in res.output
     for chatter in ("Configuration for experiment", "TensorBoard", "WARNING"):
