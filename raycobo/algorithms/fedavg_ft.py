@@ -67,8 +67,11 @@ class FedAvgFT:
         if plan.round < self.switch:
             return self.fedavg.apply_round(state, plan, now, arrived)
         assert now is not None
-        X, loss = now
-        return FedAvgState(state.x, state.n, X), {"train_loss": float(loss.mean())}
+        X, loss = now  # fine-tuning is local: nothing is sent
+        return FedAvgState(state.x, state.n, X), {
+            "train_loss": float(loss.mean()),
+            "bytes_sent": 0.0,
+        }
 
     def eval_params(self, state: FedAvgState) -> torch.Tensor:
         return self.fedavg.eval_params(state)

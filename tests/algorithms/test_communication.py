@@ -77,3 +77,36 @@ def test_cobo_counts_its_pairs_and_the_collaborators_its_pull_reads(weights):
     off = ~torch.eye(N, dtype=torch.bool)
     reads = int(((W >= 0.5) & (W != 0) & off).sum())
     assert sent[-1] == 4 * (6 * (3 * D + 1) + reads * D)
+
+
+def test_fedavg_ft_sends_fedavgs_rounds_and_nothing_while_it_fine_tunes():
+    sent = sent_per_round("algorithm.name=fedavg_ft", "algorithm.ft_steps=2", "rounds=4", rounds=4)
+    assert sent[0] == [2 * N * D * 4] * 2 + [0.0, 0.0]
+
+
+@pytest.mark.parametrize(("name", "transfers"), [("l2c", 1), ("meta_l2c", 2)])
+def test_l2c_sends_each_neighbours_update_and_meta_l2c_its_change_too(name, transfers):
+    """Every client reads its n - 1 neighbours' Delta theta (meta-L2C: and their Delta
+    hat theta for the encoder) before any pruning: 12 directed links."""
+    sent = sent_per_round(f"algorithm.name={name}", rounds=1)[0]
+    assert sent == [N * (N - 1) * D * 4 * transfers]
+
+
+def test_topk_ef_sends_k_pairs_up_and_the_aggregate_down():
+    """Up: k (value, index) pairs a client; down: the aggregate's nonzero coordinates as
+    pairs, or the dense model where that is smaller (read off the model's change)."""
+    cfg = load_config(None, [*DIGITS, "algorithm.name=topk_ef", "algorithm.topk_fraction=0.05"])
+    _, ops, algo = build(cfg)
+    k = round(0.05 * D)
+    state = algo.init(ops)
+    x0 = state.x.clone()
+    state, stats = algo.round(state, 0, ops)
+    down = int((state.x != x0).sum())
+    assert 0 < down <= N * k
+    assert stats["bytes_sent"] == N * k * 8 + N * min(4 * D, 8 * down)
+
+
+def test_countsketch_sends_each_sketch_up_and_k_pairs_down():
+    sent = sent_per_round("algorithm.name=countsketch", "algorithm.sketch_cols=200", rounds=1)
+    k = round(0.01 * D)
+    assert sent[0] == [N * (5 * 200 * 4 + min(4 * D, 8 * k))]
