@@ -538,8 +538,9 @@ def check_expansion(tree: Any, where: str) -> None:
             )
         if isinstance(node, dict):
             for k, v in node.items():
-                _check_length(k, f"{key}.{str(k)[:40]}" if key else str(k)[:40], where)
-                stack.append((v, f"{key}.{k}" if key else str(k), depth + 1))
+                child = f"{key}.{k}" if key else str(k)
+                _check_length(k, child, where)
+                stack.append((v, child, depth + 1))
         elif isinstance(node, list):
             stack.extend((v, f"{key}[{i}]", depth + 1) for i, v in enumerate(node))
         else:
@@ -549,7 +550,7 @@ def check_expansion(tree: Any, where: str) -> None:
 def _check_length(value: Any, key: str, where: str) -> None:
     if isinstance(value, str | bytes) and len(value) > MAX_VALUE_CHARS:
         raise ConfigError(
-            f"invalid config key '{key or '(top level)'}' in {where}: a value of "
+            f"invalid config key '{key[:120] or '(top level)'}' in {where}: a value of "
             f"{len(value):,} characters (at most {MAX_VALUE_CHARS:,}); refusing it"
         )
 

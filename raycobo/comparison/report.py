@@ -167,14 +167,12 @@ def settings_tables(cfgs: dict[tuple[str, int], Config]) -> str:
 def _figures(plot_files: list[Path], notes: dict[str, str]) -> str:
     """The figures with their captions: the curves' panels side by side where the page
     is wide and stacked where it is narrow, W at a readable size (scrolled on a phone)."""
-    stems = {p.stem for p in plot_files}
     curves = [p for p in plot_files if p.stem.startswith("curves_")]
     shown = [p for p in plot_files if p not in curves and not (p.stem == "curves" and curves)]
     out = [f"<div class=row>{''.join(_figure(p, notes) for p in curves)}</div>"] if curves else []
     for p in shown:
-        wide = p.stem == "collaboration" and "collaboration" in stems
         fig = _figure(p, notes)
-        out.append(f"<div class='scroll wide'>{fig}</div>" if wide else fig)
+        out.append(f"<div class='scroll wide'>{fig}</div>" if p.stem == "collaboration" else fig)
     return "".join(out)
 
 

@@ -35,8 +35,7 @@ from raycobo.settings import ConfigError
 
 PLUGINS_FILE = "plugins.json"
 MAX_RECORD_BYTES = 1 << 20
-_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-_ATTR = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # a module, or an attribute path
 
 
 def named_modules(tree: Any) -> list[str]:
@@ -52,7 +51,7 @@ def named_modules(tree: Any) -> list[str]:
             stack.extend(node)
         elif isinstance(node, str) and ":" in node:
             module, _, attr = node.partition(":")
-            plugin = _MODULE.fullmatch(module) and _ATTR.fullmatch(attr)
+            plugin = _DOTTED.fullmatch(module) and _DOTTED.fullmatch(attr)
             if plugin and module.split(".")[0] != "raycobo":
                 found.add(module)
     return sorted(found)

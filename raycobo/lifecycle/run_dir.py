@@ -565,11 +565,10 @@ class RunDir(BaseCallback):
     def discard(self) -> None:
         """Undo ``open`` for a new run refused as it starts (a setting the data or the
         engine rejects): the files it wrote go, and the folder when ``open`` made it."""
-        self._close_logs()
+        self.close()
         for name in ("config.yaml", "summary.json", "metrics.csv", "rounds.csv", PLUGINS_FILE):
             with contextlib.suppress(OSError):
                 (self.path / name).unlink()
-        self.close()
         with contextlib.suppress(OSError):
             (self.path / ".lock").unlink()
             if self._made:

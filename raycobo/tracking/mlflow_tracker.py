@@ -39,7 +39,7 @@ def in_percent(key: str, value: float) -> float:
 def flatten_params(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """A config tree as MLflow params (dotted keys). A null key is left out: it is unset
     (or not one that applies), and the string "None" would be searched as a value."""
-    return {k: str(v)[:6000] for k, v in flat_tree(tree, prefix).items() if v is not None}
+    return _as_params(flat_tree(tree, prefix))
 
 
 @contextlib.contextmanager
@@ -73,7 +73,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def _as_params(flat: dict[str, Any]) -> dict[str, str]:
-    """Flat keys as MLflow params (a null key is left out, as in flatten_params)."""
+    """Flat keys as MLflow params (a null key is left out: unset, or not one that applies)."""
     return {k: str(v)[:6000] for k, v in flat.items() if v is not None}
 
 
@@ -346,7 +346,10 @@ class MLflowTracker(BaseCallback):
 
 def clients_table(clients: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """A run's clients as MLflow's table: id, cluster, accuracy (%) and loss."""
-    acc = [None if c.get("accuracy") is None else 100.0 * c["accuracy"] for c in clients]
+    acc = [
+        None if c.get("accuracy") is None else in_percent("accuracy", c["accuracy"])
+        for c in clients
+    ]
     return {
         "client": [c["id"] for c in clients],
         "cluster": [c.get("cluster") for c in clients],
