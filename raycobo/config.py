@@ -23,12 +23,13 @@ from pydantic import (
     model_validator,
 )
 
-from raycobo.algorithms import METHODS, check_method_keys, method, methods_with
+from raycobo.algorithms import check_method_keys, method
 from raycobo.algorithms.cobo import CoBoConfig
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.registry import ENGINES, add_search_paths, engine
 from raycobo.settings import ConfigError, choose, did_you_mean  # noqa: F401 - re-exported
 from raycobo.settings import Section as _Section
+from raycobo.version import __version__
 
 DEFAULT_FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 
@@ -459,7 +460,8 @@ class Config(_Section):
         return 0.2 if self.algorithm.uses_validation else 0.0
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        """The config as a stored ``config.yaml``: its first line names the version."""
+        return f"{WRITTEN_BY}{__version__}\n" + yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def pinned(self) -> Config:
         """This config with the values its method chooses written out (a run's record:
@@ -693,106 +695,59 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_stored_config(path: str | Path) -> Config:
-    """A config that raycobo wrote (a run's or comparison's ``config.yaml``). Versions
-    before the per-method settings wrote every method's keys in one flat ``algorithm``
-    section; the keys of other methods are dropped, so those directories still resume. A
-    CoBo section written before ``algorithm.rule`` ran Algorithm 1's score, step and pull:
-    it resumes with rule paper; one of rule raycobo written before runs recorded their
-    values resumes with that rule's values of then."""
-    return validate(stored_tree(read_yaml(path)))
+    """A config that raycobo wrote (a run's, comparison's or sweep's ``config.yaml``),
+    refused in one line where a version whose settings this one cannot read wrote it
+    (``check_written_by``)."""
+    path = Path(path)
+    check_written_by(path)
+    return validate(read_yaml(path))
 
 
-# CoBo's rule raycobo before runs recorded their values (pinned, 2026-11-27): a stored
-# config of that rule with these keys null ran them
-RAYCOBO_BEFORE_PINNING = {
-    "alignment": "cosine",
-    "gamma": 3.0,
-    "gamma_decay": "sqrt",
-    "pull": "mean",
-    "mixed_switch": 0.5,
-}
-
-# CoBo keys added after runs were pinned: a stored config without the key ran this value
-# where the key applies (the box domain's pull threshold and W^0, 2026-11-27: none and 1
-# before; the mean pull's strength with rho auto: 0.2 before it was a key; the box
-# domain's re-sampling of pulled pairs: none before; the pull on the current models,
-# Eq. (3) as printed, before it acted on the stepped models by default; the re-check
-# rate as set whatever a pair's samples, before recheck_samples, 2026-11-28; the sampling
-# strategy's rates as set, before sampling_samples, 2026-11-28; no limit on a pair's rise
-# below the pull's threshold, before entry_samples, 2026-11-28; one minibatch per
-# alignment gradient, before alignment_batches, 2026-11-28; pairs sampled from round 0,
-# before sampling_start, 2026-11-28; the weights below the pull's threshold kept as
-# learned, before fade, 2026-11-29; no proposals of a collaborator's collaborator, before
-# closure, 2026-11-29; the same fade at every number of clients, before fade_clients,
-# 2026-11-29)
-COBO_ADDED_LATER = {
-    "pull_threshold": 0.0,
-    "initial_weight": 1.0,
-    "pull_strength": 0.2,
-    "recheck": 0.0,
-    "pull_at": "current",
-    "recheck_samples": 0.0,
-    "sampling_samples": 0.0,
-    "entry_samples": 1,
-    "alignment_batches": 1,
-    "sampling_start": 0.0,
-    "fade": 0.0,
-    "fade_clients": 0,
-    "closure": 0.0,
-}
+# stored configs start with this line (``Config.to_yaml``); this version reads those that
+# versions from READS_FROM on wrote (0.3.0: CoBo's presets, the keys they left out gone)
+WRITTEN_BY = "# written by raycobo "
+READS_FROM = "0.3.0"
 
 
-def engine_keys_before_rounds(tree: dict[str, Any]) -> dict[str, Any]:
-    """``tree`` with an engine section written before ``engine.rounds`` (2026-11-28) read
-    as it ran: ``resident`` true ran resident rounds, ``staleness`` above 0 stale ones,
-    else synchronous (a copy; a section with ``rounds`` is left as it is)."""
-    engine = tree.get("engine")
-    if not isinstance(engine, dict) or "rounds" in engine:
-        return tree
-    engine = dict(engine)
-    resident = engine.pop("resident", False)
-    lag = engine.pop("staleness", 0) or 0
-    if resident:
-        engine["rounds"] = "resident"
-    elif lag:
-        engine.update(rounds="stale", staleness=lag)
-    return {**tree, "engine": engine}
+def _release(version: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(p) for p in version.split("+")[0].split(".")[:3])
+    except ValueError:
+        return None
 
 
-def stored_tree(tree: dict[str, Any]) -> dict[str, Any]:
-    """A config tree that raycobo wrote, read as the version that wrote it ran it (see
-    ``load_stored_config``); also applied to the config a checkpoint recorded."""
-    tree = engine_keys_before_rounds(tree)
-    section = tree.get("algorithm")
-    if isinstance(section, dict) and section.get("name", "cobo") in METHODS:
-        own = method(section.get("name", "cobo")).settings.model_fields
-        for key in [k for k in section if k not in own and methods_with(k)]:
-            del section[key]
-        if section.get("name", "cobo") == "cobo" and "rule" not in section:
-            section["rule"] = "paper"  # written before algorithm.rule: Algorithm 1's rule
-        elif section.get("name", "cobo") == "cobo" and section.get("rule") == "raycobo":
-            for key, value in RAYCOBO_BEFORE_PINNING.items():
-                if section.get(key) is None:
-                    section[key] = value
-        if section.get("name", "cobo") == "cobo":
-            _cobo_added_later(section)
-    return tree
+def written_by(path: Path) -> str | None:
+    """The version a stored config names on its first line (None: none, as before 0.3.0)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = f.readline(200)
+    return first[len(WRITTEN_BY) :].strip() or None if first.startswith(WRITTEN_BY) else None
 
 
-def _cobo_added_later(section: dict[str, Any]) -> None:
-    """A stored CoBo section without a key added later ran the key's old value, where the
-    key applies (its ``ONLY_WITH`` conditions; the section's rule fills null keys)."""
-    from raycobo.algorithms.cobo import RULES, unmet_condition
+def check_written_by(path: Path) -> None:
+    """Refuse a stored config written by a version before ``READS_FROM`` (or after this
+    one): one line naming both versions and what to do."""
+    wrote = written_by(path)
+    if wrote is None:  # the run's own summary may say which one it was
+        wrote = _summary_version(path.parent) or "before 0.3.0"
+    have = _release(wrote)
+    if have is not None and _release(READS_FROM) <= have <= _release(__version__):
+        return
+    reads = READS_FROM if __version__ == READS_FROM else f"{READS_FROM} to {__version__}"
+    raise ConfigError(
+        f"{path}: written by raycobo {wrote}, and this is raycobo {__version__}, which reads "
+        f"the configs of raycobo {reads}: finish it with the version that wrote it, or start "
+        "it anew"
+    )
 
-    rule = section.get("rule", "paper")
-    rule = rule if rule in RULES else "paper"
-    for key, value in COBO_ADDED_LATER.items():
-        if key == "recheck_samples" and not (
-            RULES[rule]["recheck"] if section.get("recheck") is None else section["recheck"]
-        ):
-            continue  # no re-checks: nothing to scale
-        if unmet_condition(key, section, rule) is None:
-            section.setdefault(key, value)
+
+def _summary_version(directory: Path) -> str | None:
+    import json
+
+    try:
+        summary = json.loads((directory / "summary.json").read_text())
+        return str(summary["provenance"]["raycobo_version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def flat_tree(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

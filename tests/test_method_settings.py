@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from raycobo.algorithms import ALGORITHMS, METHODS, evaluate
 from raycobo.cli import app
 from raycobo.comparison import entry_config
-from raycobo.config import ConfigError, load_config, load_stored_config, with_overrides
+from raycobo.config import ConfigError, load_config, with_overrides
 from tests.helpers import CHARACTERISTIC, build, run_rounds
 
 # the branches that read every key: CoBo's mixed sampling reads all three constants, its
@@ -147,20 +147,6 @@ def test_help_config_lists_a_methods_keys_and_defaults():
     assert "algorithm.lam" not in cobo.output
     bad = CliRunner().invoke(app, ["run", "--help-config", "sgd"])
     assert bad.exit_code == 2 and "unknown method 'sgd'" in bad.stderr
-
-
-def test_run_directories_of_the_flat_section_still_load(tmp_path):
-    """Before per-method settings, config.yaml held every method's keys in one section."""
-    flat = load_config(None, ["algorithm.name=ditto", "algorithm.lam=0.3"]).to_dict()
-    flat["algorithm"].update({"rho": "auto", "gamma": 0.1, "epsilon": 0.3, "budgets": [1.0]})
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(flat))
-    cfg = load_stored_config(path)
-    assert cfg.algorithm.name == "ditto" and cfg.algorithm.lam == 0.3
-    flat["algorithm"]["typo"] = 1  # a key no method has is still an error
-    path.write_text(yaml.safe_dump(flat))
-    with pytest.raises(ConfigError, match="unknown config key 'algorithm.typo'"):
-        load_stored_config(path)
 
 
 def test_optional_capabilities_are_declared_not_probed(digits_cfg):

@@ -42,7 +42,7 @@ def test_a_cobo_run_records_its_cut_and_a_comparison_grid_draws_it(quad_cfg, tmp
     from raycobo.lifecycle.experiment import run_experiment
 
     ours = run_experiment(quad_cfg("rounds=4"), tmp_path / "ours")
-    paper = run_experiment(quad_cfg("rounds=4", "algorithm.rule=paper"), tmp_path / "paper")
+    paper = run_experiment(quad_cfg("rounds=4", "algorithm.preset=paper"), tmp_path / "paper")
     assert ours.summary["collaboration_cut"] == 0.5
     assert paper.summary["collaboration_cut"] is None
     stored = json.loads((ours.run_dir / "summary.json").read_text())

@@ -168,11 +168,13 @@ def test_a_row_counts_only_for_the_settings_it_ran():
     assert planned({key: {**now, "pull_at": "current"}, other: now}) == ["cobo", "no-recheck"]
     # a key added since, null while off, leaves a row that did not record it valid; set,
     # it does not
-    assert now["recheck_unsettled"] is None
-    before = {k: v for k, v in now.items() if k != "recheck_unsettled"}
     done = {other: regimes.entry_settings("cobo", {"recheck": 0.0})}
-    assert planned({key: before, **done}) == []
-    assert planned({key: {**now, "recheck_unsettled": 0.08}, **done}) == ["cobo"]
+    assert planned({key: {**now, "a_key_added_later": None}, **done}) == []
+    assert planned({key: {**now, "a_key_added_later": 0.08}, **done}) == ["cobo"]
+    # a row written before algorithm.rule was renamed preset counts as the same preset
+    old = {k: v for k, v in now.items() if k != "preset"}
+    assert planned({key: {**old, "rule": now["preset"]}, **done}) == []
+    assert planned({key: {**old, "rule": "paper"}, **done}) == ["cobo"]
     first = {"cell": "quad-2x2", "entry": "cobo", "seed": 0, "loss": 1.0, "diverged": False}
     rows = [
         {**first, "entry": "local", "loss": 2.0},
@@ -417,7 +419,7 @@ def test_the_diagnosis_replaces_w_after_every_step():
     from raycobo.config import validate
 
     algo = build_algorithm(validate({"algorithm": {"name": "cobo"}}).algorithm, 100, 0)
-    state = CoBoState(X=torch.zeros(3, 2), W=algo.initial_w(3))
+    state = CoBoState(X=torch.zeros(3, 2), W=torch.eye(3))
     edges, scores = torch.tensor([[0, 1], [0, 2]]), torch.tensor([1.0, 1.0])
     stepped = algo.apply_scores(state, edges, scores, 0).W  # both pairs pulled
     with diagnose.w_replaced("no-cross", [0, 0, 1]) as counts:

@@ -85,7 +85,7 @@ def w_replaced(mode: str, clusters: list[int]):
         W = out.W
         if not isinstance(W, torch.Tensor) or W.layout != torch.strided:
             raise ValueError("diagnose.py needs a dense W (algorithm.weights: dense)")
-        pulled = pull_weights(W, "sum", self.threshold()).gt(0)  # what Eq. (3) reads
+        pulled = pull_weights(W, "sum", self.pull.threshold).gt(0)  # what Eq. (3) reads
         counts.append(int((pulled & across.to(W.device)).sum()) // 2)
         return out if mode == "learned" else dataclasses.replace(out, W=replaced(W, mode, blocks))
 

@@ -189,11 +189,17 @@ OFF_AT = {
 }
 
 
+# keys renamed since rows recorded them (algorithm.rule became preset in raycobo 0.3.0)
+RENAMED = {"rule": "preset"}
+
+
 def _set(settings: dict) -> dict:
     """The keys that act: not null, and not at ``OFF_AT``'s value (off, as before the
-    key)."""
+    key), under their names of now."""
     return {
-        k: v for k, v in settings.items() if v is not None and not (k in OFF_AT and v == OFF_AT[k])
+        RENAMED.get(k, k): v
+        for k, v in settings.items()
+        if v is not None and not (k in OFF_AT and v == OFF_AT[k])
     }
 
 
@@ -213,7 +219,8 @@ def inert_on(now: dict, cell: dict, keys: set[str]) -> bool:
         return False
     if "fade_clients" in keys and n > algo.cfg.fade_clients:
         return False
-    return "recheck_samples" not in keys or algo.recheck_scale(n) == 1.0
+    shortfall = algo.sampler(n).strategy().shortfall(float(algo.cfg.recheck_samples or 0.0))
+    return "recheck_samples" not in keys or shortfall == 1.0
 
 
 def same_settings(ran: dict | None, now: dict, cell: dict | None = None) -> bool:

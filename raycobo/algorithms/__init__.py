@@ -113,6 +113,8 @@ def check_method_keys(section: dict[str, Any]) -> type[MethodConfig]:
     for key in section:
         if key in settings.model_fields:
             continue
+        if key in settings.retired:
+            raise ConfigError(f"unknown config key 'algorithm.{key}': {settings.retired[key]}")
         owners = methods_with(key)
         if not owners:
             hint = did_you_mean(f"algorithm.{key}", list(settings.model_fields))

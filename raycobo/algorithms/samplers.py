@@ -14,11 +14,6 @@ Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
   p = 2/n for 800 steps, then 1/sqrt(t));
 - ``full``:     every pair, every round (the paper's "no sampling" oracle).
 
-With ``start`` (CoBo's ``sampling_start``) > 0, no pair is sampled in the first
-ceil(start * rounds) rounds (p_t = 0 there, and no floor counts there either); the
-strategy's own rates are otherwise unchanged (the mixed switch stays where the rounds
-put it), so a pair's samples over the run, S, count only the rounds after it.
-
 Where a strategy samples a pair S < ``least_samples`` times over the run (in
 expectation: many clients, a short run), all its p_t are multiplied by least_samples / S,
 at most ``max_scale`` and at most 1 (CoBo's ``sampling_samples``, ``sampling_scale_max``);
@@ -110,7 +105,6 @@ class EdgeSampler:
     switch_samples: float | None = None  # or: switch once a pair had this many samples
     least_samples: float = 0.0  # p_t scaled where a pair would have fewer (``scale``)
     max_scale: float = math.inf  # ... by at most this
-    start: float = 0.0  # the share of the rounds, from round 0, that samples no pair
 
     def __post_init__(self):
         if self.kind not in SAMPLINGS:
@@ -125,10 +119,9 @@ class EdgeSampler:
         share = 0.0 if samples is not None else float(switch)
         least = float(getattr(cfg, "sampling_samples", 0.0) or 0.0)
         most = float(getattr(cfg, "sampling_scale_max", None) or math.inf)
-        start = float(getattr(cfg, "sampling_start", 0.0) or 0.0)
         return cls(
             cfg.sampling, n, rounds, seed, cfg.sampling_c, cfg.time_c, share, samples,
-            least, most, start,
+            least, most,
         )  # fmt: skip
 
     def constant_rate(self) -> float:
@@ -136,16 +129,10 @@ class EdgeSampler:
 
     def switch_round(self) -> int:
         if self.switch_samples is not None:  # the constant phase gives each pair K samples
-            return self.start_round() + int(math.ceil(self.switch_samples / self.constant_rate()))
+            return int(math.ceil(self.switch_samples / self.constant_rate()))
         return int(math.ceil(self.mixed_switch * self.rounds))
 
-    def start_round(self) -> int:
-        """The first round that samples pairs (``start``'s share of the rounds)."""
-        return int(math.ceil(self.start * self.rounds))
-
     def probability(self, t: int) -> float:
-        if t < self.start_round():
-            return 0.0
         p = SAMPLINGS[self.kind](self, t)
         return p if self.scale == 1.0 else min(1.0, p * self.scale)
 
@@ -158,10 +145,9 @@ class EdgeSampler:
         kept, and a round's pairs stay within max_scale times the strategy's (O(n))."""
         return min(self.max_scale, self.strategy().shortfall(self.least_samples))
 
-    def expected_samples(self, t: int, floor: float | tuple[float, int] = 0.0) -> float:
+    def expected_samples(self, t: int, floor: float = 0.0) -> float:
         """How often a pair has been sampled before round t, in expectation: the sum of
-        p_tau over tau < t (of max(p_tau, ``floor``): a pair also drawn at that rate; a
-        floor (rate, rounds) decays, ``floor_at``)."""
+        p_tau over tau < t (of max(p_tau, ``floor``): a pair also drawn at that rate)."""
         if t <= 0:
             return 0.0
         return _cumulative(self, t, floor)
@@ -219,22 +205,11 @@ def _full(s: EdgeSampler, t: int) -> float:
     return 1.0
 
 
-def floor_at(floor: float | tuple[float, int], t: int) -> float:
-    """A pair's least sampling rate at round t: a constant, or (rate, rounds): rate *
-    sqrt(rounds / (t + 1)), at most 1 (CoBo's ``recheck_decay: sqrt``)."""
-    if isinstance(floor, tuple):
-        rate, rounds = floor
-        return min(1.0, rate * math.sqrt(rounds / (t + 1)))
-    return floor
-
-
 _TABLES: collections.OrderedDict = collections.OrderedDict()  # (sampler, floor) -> sums
 _KEPT_TABLES = 64
 
 
-def _probabilities(
-    sampler: EdgeSampler, upto: int, floor: float | tuple[float, int]
-) -> list[float]:
+def _probabilities(sampler: EdgeSampler, upto: int, floor: float) -> list[float]:
     """The prefix sums of max(p_t, floor) for t < upto, grown as rounds are asked for
     (the same additions in the same order as one pass: the same floats), so that a run
     holds a table as long as the rounds it has reached, not as ``rounds`` (which may be
@@ -247,10 +222,9 @@ def _probabilities(
             _TABLES.popitem(last=False)
     else:
         _TABLES.move_to_end(key)
-    start, total = sampler.start_round(), out[-1]
+    total = out[-1]
     for t in range(len(out) - 1, upto):
-        if t >= start:  # before it no pair is sampled, not even at the floor's rate
-            total += max(sampler.probability(t), floor_at(floor, t))
+        total += max(sampler.probability(t), floor)
         out.append(total)
     return out
 
@@ -265,7 +239,7 @@ def _samples_below(sampler: EdgeSampler, k: float) -> float | None:
     return total
 
 
-def _cumulative(sampler: EdgeSampler, t: int, floor: float | tuple[float, int] = 0.0) -> float:
+def _cumulative(sampler: EdgeSampler, t: int, floor: float = 0.0) -> float:
     """sum_{tau < t} max(p_tau, floor), from a table grown up to round t (cached per
     sampler, the seed aside: it does not change the probabilities)."""
     key = dataclasses.replace(sampler, seed=0)

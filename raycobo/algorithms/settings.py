@@ -18,6 +18,8 @@ class MethodConfig(Section):
     defaults to 0.2 for it (L2C Section 4)."""
 
     uses_validation: ClassVar[bool] = False
+    # keys of earlier versions -> what became of them (said where a config names one)
+    retired: ClassVar[dict[str, str]] = {}
 
     name: str
     lr: float = Field(default=0.1, gt=0, description="eta: model step size")

@@ -155,9 +155,6 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
 def config_changes(saved: dict[str, Any], cfg: Config) -> list[str]:
     """The keys in which ``cfg`` differs from the config a checkpoint recorded, but for
     those a resumed run may change (``rounds``, the OPERATIONAL keys)."""
-    from raycobo.config import stored_tree
-
-    saved = stored_tree(json.loads(json.dumps(saved)))  # read as config.yaml is
     return [
         k
         for k in changed_keys(saved, cfg.to_dict())

@@ -23,9 +23,10 @@ from typing import Any
 import yaml
 
 from raycobo.config import (
+    WRITTEN_BY,
     Config,
     ConfigError,
-    engine_keys_before_rounds,
+    check_written_by,
     read_yaml,
     validate,
     with_overrides,
@@ -37,6 +38,7 @@ from raycobo.tune.results import final_run, summarize, write_report, write_summa
 from raycobo.tune.search import describe, grid_size, scheduler, searcher
 from raycobo.tune.space import SweepSpec, check_search, tune_space, tuning_base
 from raycobo.tune.trial import trainable
+from raycobo.version import __version__
 
 
 def _trial_plan(spec: SweepSpec, base: Config):
@@ -105,7 +107,8 @@ def run_sweep(
     record = {"name": name, "num_samples": samples, "final": final}
     record["spec"] = spec.model_dump(mode="json", exclude_unset=True)
     record["base"] = base.to_dict()
-    (root / SWEEP_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
+    header = f"{WRITTEN_BY}{__version__}\n"  # the version that wrote it (check_written_by)
+    (root / SWEEP_FILE).write_text(header + yaml.safe_dump(record, sort_keys=False))
     write_plugin_record(root, _named_code(record))  # what a resume may import
     return _launch(spec, base, root, name, samples, False, final)
 
@@ -130,11 +133,10 @@ def resume_sweep(root: Path, trust_files: bool = False) -> dict[str, Any]:
     check_plain_files(root, "sweep directory", links=True)
     if not trust_files:
         check_tune_files(root)
+    check_written_by(root / SWEEP_FILE)
     record = read_yaml(root / SWEEP_FILE)
     check_plugins(root, _named_code(record), "sweep directory", trust_files)
-    # the base is the config as given (not pinned): only the renamed engine keys are read
-    # as the version that wrote them ran them
-    base = validate(engine_keys_before_rounds(record["base"]))
+    base = validate(record["base"])  # the config as given (not pinned)
     spec = SweepSpec.model_validate(_recorded_spec(record["spec"]))
     final = record.get("final", True)
     return _launch(spec, base, root, record["name"], record["num_samples"], True, final)

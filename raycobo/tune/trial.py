@@ -21,7 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from raycobo.config import ConfigError, engine_keys_before_rounds, validate, with_overrides
+from raycobo.config import ConfigError, validate, with_overrides
 from raycobo.lifecycle.callbacks import BaseCallback, RunContext, StopRun
 from raycobo.tune.console import sampled_values, trial_number
 from raycobo.tune.space import SweepSpec
@@ -147,7 +147,7 @@ def trial(params: dict[str, Any]) -> None:
     from raycobo.tracking import MLflowTracker
 
     try:
-        base = validate(engine_keys_before_rounds(params["__base__"]))  # a sweep from before
+        base = validate(params["__base__"])
         sampled = {k: v for k, v in params.items() if not k.startswith("__")}
         cfg = with_overrides(base, sampled)
         reporter = TuneReporter(

@@ -70,7 +70,7 @@ def test_cobo_counts_its_pairs_and_the_collaborators_its_pull_reads(weights):
     sends one model per collaborator read. Algorithm 1 as printed (rule paper: W^0 = 1,
     no threshold) reads all 12 ordered pairs in the first round while W is still 1."""
     over = ["algorithm.name=cobo", "algorithm.sampling=full", f"algorithm.weights={weights}"]
-    paper, _, _ = sent_per_round(*over, "algorithm.rule=paper", rounds=1)
+    paper, _, _ = sent_per_round(*over, "algorithm.preset=paper", rounds=1)
     assert paper == [4 * (6 * (3 * D + 1) + 12 * D)]
     sent, algo, state = sent_per_round(*over, "algorithm.pull_threshold=0.5", rounds=2)
     W = algo.collaboration(state)  # the W the last round's pull read (the step keeps W)

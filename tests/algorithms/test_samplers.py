@@ -105,7 +105,7 @@ def test_cobo_reads_mixed_switch_as_a_share_or_samples():
     assert CoBo(CoBoConfig(mixed_switch=0.25), 400, 0).sampler(8).switch_round() == 100
     by = CoBo(CoBoConfig(mixed_switch={"samples": 5}), 400, 0).sampler(8)
     assert by.switch_round() == 20  # 5 samples at p = 2 / 8
-    assert CoBo(CoBoConfig(rule="paper"), 400, 0).sampler(8).switch_round() == 200
+    assert CoBo(CoBoConfig(preset="paper"), 400, 0).sampler(8).switch_round() == 200
 
 
 def test_a_sampling_strategy_is_one_registered_function(monkeypatch):

@@ -72,7 +72,7 @@ def test_local_engine_on_cuda_matches_the_cpu(digits_cfg, name):
             "algorithm.fade_clients=2",
             "algorithm.closure=1",
         ],
-        ["algorithm.rule=paper"],  # Algorithm 1 as the paper states it
+        ["algorithm.preset=paper"],  # Algorithm 1 as the paper states it
     ],
     ids=["defaults", "fade-closure", "paper"],
 )

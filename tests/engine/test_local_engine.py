@@ -220,14 +220,14 @@ def test_an_unstable_explicit_rho_is_refused(quad_cfg):
 
     # n = 80; the summed pull of Algorithm 1 (rule paper) has the lr rho n < 2 bound
     cfg = quad_cfg(
-        "data.partition.clients_per_cluster=20", "algorithm.rule=paper", "algorithm.rho=0.3"
+        "data.partition.clients_per_cluster=20", "algorithm.preset=paper", "algorithm.rho=0.3"
     )
     session, _ = open_session(cfg)
     with pytest.raises(ConfigError, match=r"'algorithm.rho'.*algorithm.lr \* algorithm.rho \* n"):
         session.start()
     ok = with_overrides(cfg, {"algorithm.rho": "auto"})
     session, _ = open_session(ok)
-    assert session.algorithm.penalty(80) == pytest.approx(0.4 / (0.1 * 80))
+    assert session.algorithm.pull.rho_for(80) == pytest.approx(0.4 / (0.1 * 80))
     # the default rule's mean pull: lr rho is the share of the way to the collaborators'
     # mean, refused at >= 1 whatever n
     mean = quad_cfg("data.partition.clients_per_cluster=20", "algorithm.rho=10")
@@ -235,7 +235,7 @@ def test_an_unstable_explicit_rho_is_refused(quad_cfg):
     with pytest.raises(ConfigError, match=r"'algorithm.rho'.*>= 1 overshoots"):
         session.start()
     session, _ = open_session(with_overrides(mean, {"algorithm.rho": "auto"}))
-    assert session.algorithm.penalty(80) == pytest.approx(0.5 / 0.1)  # pull_strength 0.5
+    assert session.algorithm.pull.rho_for(80) == pytest.approx(0.5 / 0.1)  # pull_strength 0.5
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
@@ -382,7 +382,7 @@ def test_freed_memory_is_kept_unless_the_user_set_the_thresholds():
     [
         [],  # the defaults: 2 minibatches per alignment gradient, bounded scores
         ["algorithm.alignment_batches=1", "algorithm.alignment=inner"],
-        ["algorithm.rule=paper", "algorithm.sampling=full"],
+        ["algorithm.preset=paper", "algorithm.sampling=full"],
     ],
 )
 def test_shared_points_give_the_copied_points_numbers(digits_cfg, overrides):

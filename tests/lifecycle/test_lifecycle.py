@@ -225,7 +225,7 @@ def test_a_run_that_failed_before_its_first_round_can_be_run_again(tmp_path, qua
     failed directory with nothing measured: fixing the setting and running into the same
     --out starts anew instead of pointing to --resume."""
     bad = quad_cfg(
-        "data.partition.clients_per_cluster=20", "algorithm.rule=paper", "algorithm.rho=0.3"
+        "data.partition.clients_per_cluster=20", "algorithm.preset=paper", "algorithm.rho=0.3"
     )
     with pytest.raises(ConfigError, match="algorithm.rho"):
         run_experiment(bad, tmp_path / "a")

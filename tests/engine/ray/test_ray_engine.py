@@ -313,7 +313,7 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
 
 
 @pytest.mark.parametrize(
-    "task", ["quadratic", "recheck", "current", "batches", "start", "digits", "fade", "closure"]
+    "task", ["quadratic", "recheck", "current", "batches", "digits", "fade", "closure"]
 )
 def test_host_resident_cobo_matches_the_local_engine(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, digits_cfg, task
@@ -323,13 +323,12 @@ def test_host_resident_cobo_matches_the_local_engine(
     CoBo's recheck at 0.5 too (round t's pairs then read W^t: no round is sent ahead),
     with the pull on the current models (the default pulls the stepped ones, which
     phase 1 publishes), with each alignment gradient averaged over 2 minibatches
-    (the hosts request and average them), with no pair sampled in the first half of
-    the rounds (sampling_start; recheck's draws start with the sampler's), and with
+    (the hosts request and average them), and with
     fade (every round the hosts' rows and the coordinator's W lower the weights below
     the threshold alike, by an amount grown with the clients present: fade_clients),
     and with closure (round t's pairs two pulled steps apart,
     drawn by the coordinator from W^t)."""
-    if task in ("quadratic", "recheck", "current", "batches", "start"):
+    if task in ("quadratic", "recheck", "current", "batches"):
         over = {"algorithm.name": "cobo", "rounds": 6}
         if task == "recheck":
             over["algorithm.recheck"] = 0.5
@@ -337,9 +336,6 @@ def test_host_resident_cobo_matches_the_local_engine(
             over["algorithm.pull_at"] = "current"
         if task == "batches":
             over["algorithm.alignment_batches"] = 2
-        if task == "start":
-            over["algorithm.sampling_start"] = 0.5
-            over["algorithm.recheck"] = 0.5
         cfg = with_overrides(quad_cfg_module, over)
     else:
         cfg = digits_cfg(
@@ -403,16 +399,10 @@ def test_one_rounds_setting_resolved_once_and_a_key_that_cannot_act_is_refused(
     """(#34 item 2) engine.rounds is the one mode setting, resolved once into a schedule
     that gives the host class, the actor options and the policy; a staleness outside
     stale rounds, a mode the method cannot run and the old key are refused, naming the
-    key; a run directory written with the old keys resumes in its mode."""
-    import yaml
+    key."""
 
     from raycobo.algorithms import build_algorithm
-    from raycobo.config import (
-        ConfigError,
-        engine_keys_before_rounds,
-        load_config,
-        load_stored_config,
-    )
+    from raycobo.config import ConfigError, load_config
     from raycobo.engine.ray.host import ClientHostImpl
     from raycobo.engine.ray.policies import schedule_for
     from raycobo.engine.ray.resident_host import ResidentHostImpl
@@ -447,21 +437,6 @@ def test_one_rounds_setting_resolved_once_and_a_key_that_cannot_act_is_refused(
         schedule(**{"engine.rounds": "resident", "algorithm.momentum": 0.9})
     with pytest.raises(ConfigError, match="weights_first"):
         schedule(**{"engine.rounds": "stale", "algorithm.order": "models_first"})
-    # configs written before engine.rounds
-    for old, mode, lag in (
-        ({"resident": True, "staleness": 0}, "resident", None),
-        ({"resident": False, "staleness": 2}, "stale", 2),
-        ({"resident": False, "staleness": 0}, "sync", None),
-    ):
-        stored = {"engine": {"kind": "ray", **old}}  # a Ray run's config.yaml (the keys)
-        (tmp_path / "config.yaml").write_text(yaml.safe_dump(stored))
-        e = load_stored_config(tmp_path / "config.yaml").engine
-        assert (e.rounds, e.staleness) == (mode, lag)
-    # a sweep's base (the config as given, not pinned): the engine keys alone are renamed
-    old = {"engine": {"resident": True, "staleness": 0}, "algorithm": {"alignment": None}}
-    new = engine_keys_before_rounds(old)
-    assert new == {"engine": {"rounds": "resident"}, "algorithm": {"alignment": None}}
-    assert old["engine"] == {"resident": True, "staleness": 0}  # a copy
 
 
 @pytest.mark.parametrize("resident", [False, True])

@@ -1,0 +1,425 @@
+"""CoBo's settings: the keys, the presets that fill the ones left null, and when a key
+applies.
+
+A preset is one declaration of values (``register_preset``): ``paper`` is Algorithm 1
+as printed, ``authors`` the authors' code (github epfml/CoBo) where it differs from it,
+``raycobo`` the defaults chosen on the regime matrix (benchmarks/regimes). A key left
+null takes its preset's value; a key set wins over it. A key set where it would do
+nothing (``WHEN``) is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from raycobo.algorithms.cobo.requests import ALIGN_BATCHES_MAX
+from raycobo.algorithms.cobo.score import SCORES
+from raycobo.algorithms.samplers import SAMPLINGS
+from raycobo.algorithms.settings import MethodConfig
+from raycobo.registry import import_object, is_import_path
+from raycobo.settings import ConfigError, Section
+
+Sampling = Literal[tuple(SAMPLINGS)]  # the strategies samplers.py registers
+Domain = Literal["box", "simplex"]
+
+PRESETS: dict[str, dict[str, Any]] = {}
+
+
+def register_preset(name: str, base: str | None = None, **values: Any) -> dict[str, Any]:
+    """Declare preset ``name``: ``values`` for CoBo's preset keys, the rest from the
+    preset ``base`` (every key where there is none). -> its values"""
+    own = {**(PRESETS[base] if base else {}), **values}
+    PRESETS[name] = own
+    return own
+
+
+# Algorithm 1 as printed: the inner product, a constant gamma (0.01, as measured on the
+# cross-device twin, FIDELITY.md), the penalty summed over collaborators, W^0 = 1
+register_preset(
+    "paper",
+    alignment="inner",
+    alignment_batches=1,
+    cosine_floor=0.3,
+    gamma=0.01,
+    gamma_decay="none",
+    pull="sum",
+    pull_at="current",
+    pull_strength=0.2,
+    pull_threshold=0.0,
+    initial_weight=1.0,
+    recheck=0.0,
+    recheck_samples=0.0,
+    sampling="mixed",
+    mixed_switch=0.5,
+    sampling_samples=0.0,
+    sampling_scale_max=4.0,
+    fade=0.0,
+    fade_decay="none",
+    fade_clients=0,
+    closure=0.0,
+    momentum=0.0,
+    init="shared",
+    order="weights_first",
+)
+# the authors' code where it differs from Algorithm 1 (FIDELITY.md, cobo-ablation-code):
+# the cosine as the score, model-step momentum 0.9 (optim/cobo_optim.py), W updated at
+# the stepped models' midpoints (train.py), each client its own x^0 (clients.py), and
+# p = 2/n, then 1/sqrt(t) (grouping.py)
+register_preset(
+    "authors",
+    base="paper",
+    alignment="cosine",
+    sampling="mixed_sqrt",
+    momentum=0.9,
+    init="independent",
+    order="models_first",
+)
+# chosen on the regime matrix's validation data (benchmarks/regimes, README "CoBo's
+# defaults"; how each value was found: benchmarks/regimes/LOG.md)
+register_preset(
+    "raycobo",
+    base="paper",
+    alignment="bounded",
+    alignment_batches=2,
+    gamma=3.0,
+    gamma_decay="sqrt",
+    pull="mean",
+    pull_at="stepped",
+    pull_strength=0.5,
+    pull_threshold=0.5,
+    initial_weight=0.0,
+    recheck=0.02,
+    recheck_samples=8.0,
+    sampling_samples=12.0,
+    fade=1.0,
+    fade_clients=160,
+    closure=0.1,
+)
+PRESET_KEYS = tuple(PRESETS["paper"])
+
+
+@dataclass(frozen=True)
+class Needs:
+    """A key applies only where ``key`` is ``value`` (``differs``: is not), or, with
+    ``value`` None, is on (not 0); ``only_on``: checked only where the key set is on."""
+
+    key: str
+    value: Any = None
+    differs: bool = False
+    only_on: bool = False
+
+    def holds(self, have: Any) -> bool:
+        if self.value is None:
+            return bool(have)
+        return (have != self.value) if self.differs else (have == self.value)
+
+    def refusal(self, have: Any) -> str:
+        if self.value is None:
+            return (
+                f"applies with algorithm.{self.key} > 0, not 0 (it would do nothing): drop "
+                f"it, or set algorithm.{self.key}"
+            )
+        if self.differs:
+            return f"applies to a {self.key} other than {self.value} (it would do nothing): drop it"
+        hint = f", or set algorithm.{self.key}={self.value}" if self.key != "domain" else ""
+        return (
+            f"applies to {self.key}: {self.value}, not {have} (it would do nothing): drop it{hint}"
+        )
+
+
+BOX = Needs("domain", "box")
+EVERY_PAIR = Needs("sampling", "full", differs=True, only_on=True)  # full: nothing skipped
+# when each conditional key applies, in an order where a key's conditions come first
+WHEN: dict[str, tuple[Needs, ...]] = {
+    "cosine_floor": (Needs("alignment", "bounded"),),
+    "pull_threshold": (BOX,),
+    "initial_weight": (BOX,),
+    "pull_strength": (Needs("pull", "mean"), Needs("rho", "auto"), BOX),
+    "recheck": (BOX,),
+    "recheck_samples": (BOX, Needs("recheck")),
+    "sampling_samples": (EVERY_PAIR,),
+    "sampling_scale_max": (Needs("sampling_samples"),),
+    "fade": (BOX, Needs("pull_threshold", only_on=True)),
+    "fade_decay": (BOX, Needs("fade")),
+    "fade_clients": (BOX, Needs("fade", only_on=True)),
+    "closure": (BOX, Needs("pull_threshold", only_on=True), EVERY_PAIR),
+}
+
+
+def _by_preset(key: str) -> str:
+    return " (null: the preset's: " + ", ".join(f"{p} {v[key]}" for p, v in PRESETS.items()) + ")"
+
+
+def _key(description: str, key: str, **constraints: Any):
+    """A preset key: null by default (its preset's value)."""
+    return Field(default=None, description=description + _by_preset(key), **constraints)
+
+
+def _share(description: str, key: str):
+    return _key(description, key, ge=0, le=1)
+
+
+class SwitchAfter(Section):
+    """mixed sampling's constant phase, as a number of samples of each pair (in
+    expectation) instead of a share of the rounds."""
+
+    samples: float = Field(gt=0, description="expected samples of a pair before the switch")
+
+
+class CoBoConfig(MethodConfig):
+    """CoBo (Algorithm 1; Eq. 1-3)."""
+
+    retired: ClassVar[dict[str, str]] = {
+        "rule": "it is algorithm.preset since raycobo 0.3.0 (raycobo, paper, and authors)",
+        **{
+            key: "removed in raycobo 0.3.0: no preset used it, and no measurement kept it"
+            for key in (
+                "hold",
+                "recheck_unsettled",
+                "recheck_decay",
+                "entry_samples",
+                "sampling_start",
+            )
+        },
+    }
+
+    name: Literal["cobo"] = "cobo"
+    preset: str = Field(
+        default="raycobo",
+        description="the values of the keys left null: raycobo (chosen on the regime "
+        "matrix), paper (Algorithm 1 as printed), authors (the authors' code), or a "
+        "plugin's, module:PRESET (what raycobo.algorithms.cobo.register_preset returned)",
+    )
+    # penalty strength; auto: pull mean: lr * rho = pull_strength; pull sum: 0.3, lowered
+    # as 0.4 / (lr n) where the box domain's W^0 = 1 would make the step unstable (pull.py)
+    rho: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(
+        default="auto", description="rho: strength of the pull toward collaborators"
+    )
+    gamma: float | None = _key("gamma: W step size", "gamma", gt=0)
+    alignment: str | None = _key(
+        "Eq. (1)'s score: inner, the inner product <g_i, g_j> (paper); cosine, its cosine "
+        "(scale-free); bounded, the cosine with a floor under its denominator (shrinks as "
+        "the gradients do); or one registered with raycobo.algorithms.cobo.register_score",
+        "alignment",
+    )
+    alignment_batches: int | None = _key(
+        "Eq. (1)'s gradients g_i(z_ij) and g_j(z_ij) each the mean over this many "
+        "minibatches of the client's data (the score's sampling noise shrinks, the "
+        "alignment's gradient work grows by the factor)",
+        "alignment_batches",
+        ge=1,
+        le=ALIGN_BATCHES_MAX,
+    )
+    cosine_floor: float | None = _key(
+        "alignment bounded: the cosine's denominator ||g_i|| ||g_j|| is never below this "
+        "share of the clients' mean squared gradient norm at x^0",
+        "cosine_floor",
+        gt=0,
+    )
+    gamma_decay: Literal["none", "sqrt", "linear"] | None = _key(
+        "W step schedule: constant gamma (paper), gamma / sqrt(1 + k_t) or gamma / (1 + "
+        "k_t), k_t the samples a pair has had in expectation before round t (a pair the "
+        "pull reads counts recheck's: the sum of max(p_tau, recheck))",
+        "gamma_decay",
+    )
+    pull: Literal["sum", "mean"] | None = _key(
+        "Eq. (2)'s penalty: rho sum_j w_ij (x_i - x_j) (paper), or toward the W-weighted "
+        "mean of x_i and its collaborators (rows divided by max(1, sum_j w_ij), w_ii = 1 "
+        "in the box domain)",
+        "pull",
+    )
+    pull_at: Literal["current", "stepped"] | None = _key(
+        "where Eq. (3)'s pull acts: on the current models x^t, beside the gradient step "
+        "(paper), or on the stepped models x^t - lr g (adapt then combine, as diffusion "
+        "methods order it: the pull also averages the step's gradient noise)",
+        "pull_at",
+    )
+    sampling: Sampling | None = _key("edge sampling strategy", "sampling")
+    domain: Domain = Field(default="box", description="W's domain: box [0,1] or simplex rows")
+    pull_strength: float | None = _key(
+        "pull: mean with rho: auto (box domain): lr * rho, the share of the way to the "
+        "collaborators' weighted mean a model moves per step",
+        "pull_strength",
+        gt=0,
+        lt=1,
+    )
+    initial_weight: float | None = _share(
+        "box domain: W^0's entries between clients (w_ii = 1): 1 pulls every pair until "
+        "it is measured misaligned (Algorithm 1), a value below pull_threshold only the "
+        "pairs measured aligned",
+        "initial_weight",
+    )
+    pull_threshold: float | None = _share(
+        "box domain: collaborators whose w_ij is below this are left out of Eq. (3)'s "
+        "pull (many small cross-cluster weights add up to a large share of a row's pull)",
+        "pull_threshold",
+    )
+    recheck: float | None = _share(
+        "box domain: each pair the pull reads (w_ij >= pull_threshold; > 0 without one) "
+        "is sampled with at least this probability each round (drawn again where the "
+        "sampling strategy's own p_t is lower), so that a pair that one early sample made "
+        "a collaborator is measured again",
+        "recheck",
+    )
+    recheck_samples: float | None = _key(
+        "box domain, with recheck: where the sampling strategy alone samples a pair fewer "
+        "than this many times over the run (S, in expectation, its own rates before "
+        "sampling_samples), the pulled pairs' re-check rates are multiplied by this / S "
+        "(at most 1), so that where the sampler sees each pair rarely a pair wrongly "
+        "pulled after one early sample is measured again sooner (0: recheck's rate)",
+        "recheck_samples",
+        ge=0,
+    )
+    fade: float | None = _key(
+        "box domain, with pull_threshold: each round every weight below the threshold "
+        "(and above 0) falls by fade * pull_threshold * p_t, p_t a pair's sampling rate "
+        "that round, whether or not the pair is sampled, so a weight that one early "
+        "sample left below the threshold, and the pull does not read, returns to 0, while "
+        "a pair whose scores stay above that still climbs (0: kept as learned)",
+        "fade",
+        ge=0,
+    )
+    fade_decay: Literal["gamma", "none"] | None = _key(
+        "with fade: its loss the same at each expected sample (none) or decayed as gamma "
+        "is (gamma: the drift below the threshold weighs the same against a pair's steps "
+        "all run long, and leaves more of W outside the clusters)",
+        "fade_decay",
+    )
+    fade_clients: int | None = _key(
+        "with fade: past this many present clients n the fade grows as n / fade_clients "
+        "(a row's pairs across the clusters, and so the residue their small late gains "
+        "leave below the threshold, grow as n; 0: the same fade at every n)",
+        "fade_clients",
+        ge=0,
+    )
+    closure: float | None = _share(
+        "box domain, with pull_threshold: each round each present client with a "
+        "collaborator the pull reads proposes, with this probability, one client two such "
+        "steps away (a collaborator's collaborator), and that pair is sampled too where "
+        "the pull does not read it yet (at most one extra pair per client a round; 0: off)",
+        "closure",
+    )
+    weights: Literal["auto", "dense", "sparse"] = Field(
+        default="auto",
+        description="W storage: dense n x n, or (box) W^0 + the sampled entries; auto: sparse "
+        "above 2,048 clients",
+    )
+    sampling_c: float = Field(default=2.0, gt=0, description="constant: p = c/n")
+    time_c: float = Field(default=1.0, gt=0, description="time: p_t = min(1, c/t)")
+    mixed_switch: Annotated[float, Field(ge=0, le=1)] | SwitchAfter | None = _key(
+        "mixed, mixed_sqrt: the constant phase, a share of the rounds or {samples: K} "
+        "(until each pair has had K samples in expectation, whatever the run's length)",
+        "mixed_switch",
+    )
+    sampling_samples: float | None = _key(
+        "where the sampling strategy samples a pair fewer than this many times over the "
+        "run (S, in expectation: many clients, a short run), its p_t are all multiplied "
+        "by this / S, at most sampling_scale_max (0: the strategy's rates)",
+        "sampling_samples",
+        ge=0,
+    )
+    sampling_scale_max: float | None = _key(
+        "with sampling_samples: the most its factor raises the strategy's rates, so that "
+        "a round's pairs stay O(n)",
+        "sampling_scale_max",
+        ge=1,
+    )
+    momentum: float | None = _key(
+        "beta of the model step's gradient average m <- beta m + (1-beta) g",
+        "momentum",
+        ge=0,
+        lt=1,
+    )
+    init: Literal["shared", "independent"] | None = _key(
+        "x_i^0: one shared x^0 (Algorithm 1) or each client its own", "init"
+    )
+    order: Literal["weights_first", "models_first"] | None = _key(
+        "W from x^t then x^{t+1} with it (Algorithm 1), or the model step first and W at "
+        "the new models' midpoints",
+        "order",
+    )
+
+    @model_validator(mode="after")
+    def _applies(self) -> CoBoConfig:
+        """A preset that is not registered, a score that is not, and a key of ``WHEN``
+        set where it would do nothing, are refused."""
+        if self.preset not in PRESETS:
+            _import_preset(self.preset)
+        score = self.alignment
+        if score is not None and score not in SCORES:
+            raise ValueError(f"alignment: unknown score '{score}' (one of {', '.join(SCORES)})")
+        for key, needs in WHEN.items():
+            value = getattr(self, key)
+            if value is None:
+                continue
+            for need in needs:
+                have = self.value(need.key)
+                if (value or not need.only_on) and not need.holds(have):
+                    raise ValueError(f"{key}: {need.refusal(have)}")
+        return self
+
+    def value(self, key: str) -> Any:
+        """``key`` as CoBo reads it: set, else its preset's value."""
+        have = getattr(self, key)
+        if have is None and key in PRESETS[self.preset]:
+            return PRESETS[self.preset][key]
+        return have
+
+    def effective(self) -> dict:
+        """The settings with the preset's values where a key is null, and the keys that
+        do not apply (``WHEN``) null."""
+        out = self.model_dump(mode="json")
+        for key, value in PRESETS[self.preset].items():
+            if out[key] is None:
+                out[key] = value.model_dump() if isinstance(value, Section) else value
+        changed = True
+        while changed:  # a key left out may leave out the keys that need it
+            changed = False
+            for key, needs in WHEN.items():
+                if out[key] is not None and not all(n.holds(out[n.key]) for n in needs):
+                    out[key], changed = None, True
+        return out
+
+    def collaboration_cut(self) -> float | None:
+        """The box domain's ``pull_threshold``: Eq. (3) leaves W's entries below it out of
+        the pull. None: no threshold (or the simplex domain)."""
+        return pull_cut(PresetView(self))
+
+
+def _import_preset(name: str) -> None:
+    """A preset named by import path (``module:PRESET``, the values ``register_preset``
+    returned, in a plugin module that may also register the parts it names), added to
+    ``PRESETS`` under that name."""
+    if not is_import_path(name):
+        raise ValueError(f"preset: unknown preset '{name}' (one of {', '.join(PRESETS)})")
+    try:
+        values = import_object(name, "algorithm.preset")
+    except ConfigError as err:  # its message names the key: as this validator's
+        raise ValueError("preset:" + str(err).partition(":")[2]) from None
+    if not isinstance(values, dict) or set(values) != set(PRESET_KEYS):
+        raise ValueError(
+            f"preset: '{name}' is not a preset (a mapping of every preset key, as "
+            "register_preset returns it)"
+        )
+    PRESETS[name] = dict(values)
+
+
+def pull_cut(view: CoBoConfig | PresetView) -> float | None:
+    """The pull's threshold on w_ij as ``view`` gives the settings (None: none)."""
+    cut = float(view.pull_threshold or 0.0) if view.domain == "box" else 0.0
+    return cut or None
+
+
+class PresetView:
+    """The settings as CoBo reads them: a null key takes its preset's value."""
+
+    def __init__(self, cfg: CoBoConfig):
+        object.__setattr__(self, "_cfg", cfg)
+
+    def __getattr__(self, key: str):
+        if key.startswith("_"):  # _cfg before it is set (unpickling), dunder look-ups
+            raise AttributeError(key)
+        return self._cfg.value(key)

@@ -1,0 +1,188 @@
+"""CoBo's keys and presets: what each preset gives, where a key applies, what a run
+records, and which stored configs this version reads."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from raycobo.algorithms.cobo import PRESETS, CoBo, CoBoConfig, register_preset
+from raycobo.algorithms.cobo.settings import PRESET_KEYS, WHEN
+from raycobo.config import ConfigError, load_config, load_stored_config
+
+
+def test_each_preset_declares_every_preset_key_once():
+    """Every preset gives a value to every key a preset fills, each key is a null field
+    of CoBoConfig (its preset's value unless set), and every conditional key is one."""
+    fields = CoBoConfig.model_fields
+    for name, values in PRESETS.items():
+        assert set(values) == set(PRESET_KEYS), name
+    for key in PRESET_KEYS:
+        assert fields[key].default is None, key
+        assert "null: the preset's" in fields[key].description, key
+    assert set(WHEN) <= set(fields)
+
+
+def test_the_paper_preset_is_algorithm_1_and_a_key_set_wins():
+    """paper gives Algorithm 1's score, constant step and summed pull, W^0 = 1 and none
+    of raycobo's additions; a key set explicitly wins over its preset."""
+    algo = CoBo(CoBoConfig(preset="paper"), rounds=10, seed=0)
+    c = algo.cfg
+    assert (c.alignment, c.gamma, c.gamma_decay, c.pull, c.pull_at) == (
+        "inner",
+        0.01,
+        "none",
+        "sum",
+        "current",
+    )
+    assert (c.initial_weight, c.recheck, c.fade, c.closure, c.alignment_batches) == (1, 0, 0, 0, 1)
+    assert algo.pull.threshold == 0.0
+    algo = CoBo(CoBoConfig(preset="paper", gamma=0.2, pull="mean"), rounds=10, seed=0)
+    assert (algo.cfg.gamma, algo.cfg.pull, algo.cfg.alignment) == (0.2, "mean", "inner")
+
+
+def test_the_authors_preset_is_their_code():
+    """authors: Algorithm 1 with the authors' code's choices (the cosine, momentum 0.9,
+    models first, independent initial models, constant then 1/sqrt(t) sampling); it
+    cannot take late alignment results or run resident, as its order says."""
+    algo = CoBo(CoBoConfig(preset="authors"), rounds=10, seed=0)
+    c = algo.cfg
+    assert (c.alignment, c.momentum, c.order, c.init, c.sampling) == (
+        "cosine",
+        0.9,
+        "models_first",
+        "independent",
+        "mixed_sqrt",
+    )
+    assert (c.gamma, c.pull, c.initial_weight) == (0.01, "sum", 1.0)
+    assert algo.plan_refusal() is not None and algo.rows_refusal() is not None
+    pinned = CoBoConfig(preset="authors").pinned()
+    assert (pinned.momentum, pinned.order, pinned.preset) == (0.9, "models_first", "authors")
+
+
+def test_a_registered_preset_runs_and_is_written_out(quad_cfg, tmp_path):
+    """A preset registered from another (here raycobo with the plain cosine) is chosen by
+    name, and a run records its values."""
+    from raycobo.lifecycle.experiment import run_experiment
+
+    register_preset("test-cosine", base="raycobo", alignment="cosine")
+    try:
+        cfg = quad_cfg("algorithm.preset=test-cosine", "rounds=2", "eval_every=1")
+        assert CoBo(cfg.algorithm, 2, 0).cfg.alignment == "cosine"
+        run_experiment(cfg, tmp_path / "r")
+        stored = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["algorithm"]
+        assert (stored["preset"], stored["alignment"], stored["cosine_floor"]) == (
+            "test-cosine",
+            "cosine",
+            None,
+        )
+    finally:
+        del PRESETS["test-cosine"]
+    with pytest.raises(ConfigError, match="algorithm.preset.*unknown preset 'nope'"):
+        load_config(None, ["algorithm.preset=nope"])
+
+
+def test_retired_keys_say_what_became_of_them():
+    """rule is preset now; the keys no preset used are gone, each refused in one line."""
+    with pytest.raises(ConfigError, match="'algorithm.rule': it is algorithm.preset"):
+        load_config(None, ["algorithm.rule=paper"])
+    for key in ("hold", "recheck_unsettled", "recheck_decay", "entry_samples", "sampling_start"):
+        with pytest.raises(ConfigError, match=f"'algorithm.{key}': removed in raycobo 0.3.0"):
+            load_config(None, [f"algorithm.{key}=1"])
+
+
+def test_the_pull_threshold_is_a_box_domain_key():
+    """raycobo's threshold applies to the box domain; a simplex row sums to 1, so an
+    explicit threshold there is refused."""
+    cut = PRESETS["raycobo"]["pull_threshold"]
+    assert CoBo(CoBoConfig(), 10, 0).pull.threshold == cut > 0
+    assert CoBo(CoBoConfig(preset="paper"), 10, 0).pull.threshold == 0.0
+    assert CoBo(CoBoConfig(domain="simplex"), 10, 0).pull.threshold == 0.0
+    assert CoBoConfig(domain="simplex").effective()["pull_threshold"] is None
+    assert CoBoConfig().pinned().pull_threshold == cut
+    with pytest.raises(ConfigError, match="algorithm.pull_threshold.*domain: box"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.pull_threshold=0.2"])
+
+
+def test_a_run_records_the_values_it_ran(tmp_path):
+    """A run's config.yaml pins its preset's values (a later default cannot change it on
+    resume), the keys that do not apply left null, and names the version that wrote it."""
+    from raycobo.lifecycle.experiment import run_experiment
+    from raycobo.version import __version__
+
+    cfg = load_config(None, ["rounds=2", "tracking.enabled=false"])
+    assert cfg.algorithm.alignment is None
+    run_experiment(cfg, tmp_path / "r")
+    text = (tmp_path / "r" / "config.yaml").read_text()
+    assert text.splitlines()[0] == f"# written by raycobo {__version__}"
+    stored = yaml.safe_load(text)["algorithm"]
+    assert (stored["alignment"], stored["cosine_floor"], stored["gamma"]) == ("bounded", 0.3, 3.0)
+    assert stored["pull"] == "mean" and stored["gamma_decay"] == "sqrt"
+    assert load_stored_config(tmp_path / "r" / "config.yaml").algorithm.alignment == "bounded"
+    plain = load_config(None, ["algorithm.preset=paper", "rounds=2", "tracking.enabled=false"])
+    run_experiment(plain, tmp_path / "p")
+    paper = yaml.safe_load((tmp_path / "p" / "config.yaml").read_text())["algorithm"]
+    assert (paper["alignment"], paper["cosine_floor"], paper["gamma"]) == ("inner", None, 0.01)
+
+
+def test_configs_of_other_versions_are_refused_naming_both(tmp_path):
+    """A stored config with no version line (before 0.3.0: its run's summary names the
+    version), or one of a version this one does not read, is refused in one line naming
+    both versions; this version's own is read."""
+    from raycobo.version import __version__
+
+    body = CoBoConfig().pinned().model_dump(mode="json")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"algorithm": body}))
+    with pytest.raises(
+        ConfigError, match=f"written by raycobo before 0.3.0.*raycobo {__version__}"
+    ):
+        load_stored_config(path)
+    (tmp_path / "summary.json").write_text('{"provenance": {"raycobo_version": "0.2.0"}}')
+    with pytest.raises(ConfigError, match=r"written by raycobo 0\.2\.0, and this is raycobo"):
+        load_stored_config(path)
+    path.write_text("# written by raycobo 9.0.0\n" + yaml.safe_dump({"algorithm": body}))
+    with pytest.raises(ConfigError, match=r"raycobo 9\.0\.0"):
+        load_stored_config(path)
+    path.write_text(f"# written by raycobo {__version__}\n" + yaml.safe_dump({"algorithm": body}))
+    assert load_stored_config(path).algorithm.preset == "raycobo"
+
+
+def test_initial_weight_and_pull_strength_apply_where_they_act():
+    """initial_weight is a box-domain key, pull_strength a key of the mean pull with rho
+    auto: elsewhere they would do nothing and are refused with one line."""
+    algo = CoBo(CoBoConfig(), 10, 0)
+    assert (algo.cfg.initial_weight, algo.cfg.pull_strength) == (0.0, 0.5)
+    assert CoBo(CoBoConfig(preset="paper"), 10, 0).cfg.initial_weight == 1.0
+    assert CoBo(CoBoConfig(pull_strength=0.3, lr=0.1), 10, 0).pull.rho_for(5) == pytest.approx(3)
+    for bad, key, why in [
+        (["algorithm.domain=simplex", "algorithm.initial_weight=0"], "initial_weight", "domain"),
+        (["algorithm.pull=sum", "algorithm.pull_strength=0.3"], "pull_strength", "pull: mean"),
+        (["algorithm.preset=paper", "algorithm.pull_strength=0.3"], "pull_strength", "pull: mean"),
+        (["algorithm.rho=2", "algorithm.pull_strength=0.3"], "pull_strength", "rho: auto"),
+        (["algorithm.pull_strength=1"], "pull_strength", "less than 1"),
+    ]:
+        with pytest.raises(ConfigError, match=f"algorithm.{key}.*{why}"):
+            load_config(None, bad)
+    assert CoBoConfig(rho=2.0).effective()["pull_strength"] is None
+    assert CoBoConfig(domain="simplex").effective()["initial_weight"] is None
+    pinned = CoBoConfig().pinned().model_dump(mode="json")
+    assert (pinned["initial_weight"], pinned["pull_strength"]) == (0.0, 0.5)
+
+
+def test_recheck_is_a_box_domain_key():
+    """raycobo re-samples pulled pairs, the paper's preset does not; a simplex W is
+    refused the key."""
+    # the re-checks' own rates (no closure, which reads W whatever the rates)
+    own = CoBoConfig(recheck_samples=0.0, sampling_samples=0.0, closure=0.0)
+    # mixed sampling over 10 rounds: p = 2/200 = 0.01 < 0.02 among 200 clients (W is read)
+    assert CoBo(own, 10, 0).samples_from_w(0, 200)
+    assert not CoBo(own, 10, 0).samples_from_w(0, 50)  # p = 0.04: W not read
+    # ... until mixed sampling's second half: p = min(0.04, 1 / (t + 1)) = 0.01 at t = 99
+    assert CoBo(own, 100, 0).samples_from_w(99, 50)
+    assert not CoBo(CoBoConfig(preset="paper"), 10, 0).samples_from_w(0, 200)
+    assert not CoBo(CoBoConfig(domain="simplex"), 10, 0).samples_from_w(0, 200)
+    with pytest.raises(ConfigError, match="algorithm.recheck.*domain"):
+        load_config(None, ["algorithm.domain=simplex", "algorithm.recheck=0.1"])
+    pinned = CoBoConfig().pinned().model_dump(mode="json")
+    assert pinned["recheck"] == 0.02 and pinned["recheck_samples"] == 8.0
