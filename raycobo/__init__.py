@@ -13,8 +13,9 @@ The Python API (``raycobo.api``)::
 
 and the classes a plugin builds on: ``MethodConfig`` (a method's settings), the
 ``Algorithm`` protocol and ``ClientOps`` it runs on, ``Evaluation``, a round as plan ->
-apply (``PlansRounds``, ``Plan``, the requests ``Gradients`` and ``LocalSGD``,
-``run_plan``), and ``RawDataset`` / ``FederatedData`` for data sets. Names load on first
+apply (``PlansRounds``, ``Plan``, the requests ``Gradients``, ``LocalSGD`` and
+``PairScores``, ``run_plan``), a round on resident rows (``StepsInRows``,
+``ScoresPairsInRows``), and ``RawDataset`` / ``FederatedData`` for data sets. Names load on first
 use, so ``import raycobo`` is cheap.
 """
 
@@ -46,6 +47,9 @@ _EXPORTS = {
     "LocalSGD": "raycobo.algorithms.base",
     "Plan": "raycobo.algorithms.base",
     "PlansRounds": "raycobo.algorithms.base",
+    "StepsInRows": "raycobo.algorithms.base",
+    "ScoresPairsInRows": "raycobo.algorithms.base",
+    "PairScores": "raycobo.algorithms.pairs",
     "run_plan": "raycobo.algorithms.base",
     "RawDataset": "raycobo.data.base",
     "FederatedData": "raycobo.data.base",
@@ -62,10 +66,13 @@ __all__ = [
     "Gradients",
     "LocalSGD",
     "MethodConfig",
+    "PairScores",
     "Plan",
     "PlansRounds",
     "RawDataset",
     "Result",
+    "ScoresPairsInRows",
+    "StepsInRows",
     "compare",
     "load",
     "load_run",
@@ -86,8 +93,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         LocalSGD,
         Plan,
         PlansRounds,
+        ScoresPairsInRows,
+        StepsInRows,
         run_plan,
     )
+    from raycobo.algorithms.pairs import PairScores
     from raycobo.algorithms.settings import MethodConfig
     from raycobo.api import (
         Comparison,

@@ -153,6 +153,25 @@ def test_engine_modes_are_objects_not_flags():
     assert "hasattr(" not in text and "__wrapped__" not in text
 
 
+def test_engines_look_up_no_capability_by_name():
+    """An engine asks what a method (or its row step) can do through the protocols of
+    raycobo.algorithms.base (isinstance), never by probing for an attribute: no
+    ``getattr(obj, name, default)`` in raycobo/engine but on an exception (Ray's wrapped
+    ``cause``)."""
+    probes = []
+    for path in (PKG / "engine").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) == 3
+                and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "err")
+            ):
+                probes.append(f"{path.relative_to(PKG)}:{node.lineno}")
+    assert not probes, probes
+
+
 def test_no_module_shadows_a_name_of_the_api():
     """`import raycobo.x` sets the attribute `raycobo.x` to the module: a subpackage
     named like an API function (run, compare, ...) would replace the function."""

@@ -752,11 +752,14 @@ def test_resuming_a_directory_imports_no_plugin_code_that_came_with_it(tmp_path,
     """A shared run directory whose config.yaml names a plugin lying in the folder itself:
     `cd DIR && raycobo run --resume .` refuses in one line before importing it (no marker
     file), and a comparison's directory likewise; --trust-files is the user saying so."""
+    from raycobo.version import __version__
+
     run = tmp_path / "shared_run"
     run.mkdir()
     tree = quad_cfg("rounds=4").to_dict()
     tree["algorithm"] = {"name": "evilplug:Local"}
-    (run / "config.yaml").write_text(yaml.safe_dump(tree))
+    stamp = f"# written by raycobo {__version__}\n"  # as raycobo writes it
+    (run / "config.yaml").write_text(stamp + yaml.safe_dump(tree))
     (run / "evilplug.py").write_text(EVIL_PY)
     refused = _cli(["run", "--resume", ".", "-q"], cwd=run)
     assert refused.returncode == 2, refused.stderr
@@ -770,7 +773,7 @@ def test_resuming_a_directory_imports_no_plugin_code_that_came_with_it(tmp_path,
     comparison = tmp_path / "shared_compare"
     comparison.mkdir()
     tree["compare"] = {"algorithms": ["evilplug:Local"], "seeds": [0]}
-    (comparison / "config.yaml").write_text(yaml.safe_dump(tree))
+    (comparison / "config.yaml").write_text(stamp + yaml.safe_dump(tree))
     (comparison / "evilplug.py").write_text(EVIL_PY)
     refused = _cli(["compare", "--resume", ".", "-q"], cwd=comparison)
     assert refused.returncode == 2, refused.stderr

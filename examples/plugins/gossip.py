@@ -14,8 +14,8 @@ Named as ``algorithm.name: gossip:Gossip`` (this file on the plugin path); its s
   stale round is the synchronous one);
 - ``resident`` -- it steps in rows (``StepsInRows``): the hosts keep their clients'
   models and rows of M, take the local step and combine over the published models of
-  the hosts their rows read. No pairs are scored (M is fixed), so phase 1 computes only
-  the members' gradients.
+  the hosts their rows read. M is fixed: no pairs are scored (it is not
+  ``ScoresPairsInRows``), so phase 1 computes only the clients' gradients.
 """
 
 from __future__ import annotations
@@ -57,20 +57,13 @@ class GossipStep:
     """One round on some clients' rows, what a resident host computes."""
 
     lr: float
-    at: str = "stepped"  # the combination reads the stepped models
+    reads_published = True  # the combination reads the stepped models
 
-    @staticmethod
-    def midpoints(X_own: torch.Tensor, X_partners: torch.Tensor) -> torch.Tensor:
-        return 0.5 * (X_own + X_partners)  # (no pairs are sampled)
-
-    def stepped(self, X: torch.Tensor, members: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    def published(self, X: torch.Tensor, members: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+        """y = x - lr g: what the other hosts combine with."""
         Y = X.clone()
         Y[members] = X[members] - self.lr * G
         return Y
-
-    @staticmethod
-    def update_w(W_rows, ids, edges, G_i, G_j):
-        return W_rows, torch.zeros(0)  # M is fixed
 
     @staticmethod
     def step(X_rows, G, Y_rows, W_rows, blocks) -> torch.Tensor:
@@ -115,17 +108,12 @@ class Gossip:
     def rows_state(self, W, active, extras) -> GossipState:
         return GossipState(torch.empty(W.shape[0], 0), W, active)
 
-    def sample_edges(self, active, t, n_clients, device=None, W=None):
-        return torch.zeros(0, 2, dtype=torch.int64), torch.arange(n_clients)
-
-    def samples_from_w(self, t: int, n: int) -> bool:
-        return False
+    @staticmethod
+    def rows_extras(state: GossipState) -> dict:
+        return {}
 
     def row_step(self, t: int, state: GossipState) -> GossipStep:
         return GossipStep(self.cfg.lr)
-
-    def apply_scores(self, state: GossipState, edges, scores, t: int) -> GossipState:
-        return state
 
     def rows_read(self, W: torch.Tensor) -> torch.Tensor:
         return W > 0

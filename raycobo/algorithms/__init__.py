@@ -2,11 +2,12 @@
 
 This package imports neither ray nor mlflow: engines (``raycobo.engine``) and tracking
 (``raycobo.tracking``) live above it. Each method lives in its own module with its
-settings class (``CoBoConfig`` in ``cobo.py``, ...); ``METHODS`` maps a built-in name to
-both. A method outside the package (a plugin) is a class named by import path or entry
-point (``raycobo.registry``) with the same constructor ``(settings, rounds, seed)``, the
-Algorithm protocol's methods and a ``Settings`` attribute, its settings class: the
-built-ins and the plugins are found by the same :func:`method`.
+settings class (``CoBoConfig`` in ``cobo/settings.py``, ...); ``METHODS`` maps a
+built-in name to both. A method outside the package (a plugin) is a class named by
+import path or entry point (``raycobo.registry``) with the same constructor
+``(settings, rounds, seed)``, the Algorithm protocol's methods and a ``Settings``
+attribute, its settings class: the built-ins and the plugins are found by the same
+:func:`method`.
 """
 
 from __future__ import annotations

@@ -19,32 +19,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-
-@dataclass(frozen=True)
-class SharedPoints:
-    """The points of a gradient request whose rows share them: ``segments`` is a tuple of
-    (values (U, d), R), each point of a segment asked R times in a row (point-major:
-    rows u R .. u R + R - 1 are at values[u]), the segments one after another. A client
-    ops that sets ``shares_points`` takes it as ``grads``' Z and may compute each point's
-    R rows together (the local engine's MLP: one GEMM of R minibatches on one copy of the
-    point, where ``materialize`` would write R copies); its answer is the same, row for
-    row, as for ``materialize()``. Such an ops may also set ``request_rows``: the rows
-    of one request it answers best, which a method splits a larger request into where
-    it can (CoBo: its alignment gradients, a part of the pairs at a time)."""
-
-    segments: tuple[tuple[torch.Tensor, int], ...]
-
-    @property
-    def rows(self) -> int:
-        return sum(v.shape[0] * r for v, r in self.segments)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.segments[0][0].dtype
-
-    def materialize(self) -> torch.Tensor:
-        """The (rows, d) points, one copy per row."""
-        return torch.cat([v.repeat_interleave(r, dim=0) for v, r in self.segments])
+from raycobo import rng
+from raycobo.algorithms import pairs
+from raycobo.algorithms.pairs import PairScores
 
 
 @dataclass
@@ -122,7 +99,7 @@ class Algorithm(Protocol):
     """A collaborative-learning method over explicit state. What some methods can do
     besides is declared by the capability protocols below (``Elastic``,
     ``EvaluatesItself``, ``ExportsArtifacts``, ``KeepsOwnAgreement``,
-    ``PlansRounds``, ``StepsInRows``)."""
+    ``PlansRounds``, ``StepsInRows``, ``ScoresPairsInRows``)."""
 
     name: str
 
@@ -228,7 +205,7 @@ class LocalSGD:
     anchor: torch.Tensor | None = None  # (m, d) or (d,); None: the start
 
 
-Request = Gradients | LocalSGD
+Request = Gradients | LocalSGD | PairScores
 Answer = tuple[torch.Tensor, torch.Tensor]  # (G or end points (m, d), losses (m,))
 
 
@@ -297,17 +274,43 @@ def compute(ops: ClientOps, request: Request, t: int) -> Answer:
     r = request
     if isinstance(r, Gradients):
         return ops.grads(r.clients, r.points, t, r.stream, r.salt)
+    if isinstance(r, PairScores):
+        return pairs.answer(ops, r, t)
     if isinstance(ops, TrainsLocally):
         return ops.local_sgd(r, t)
     return sgd_steps(ops, r, t)
+
+
+def compute_plan(ops: ClientOps, plan: Plan, t: int) -> tuple[Answer | None, Answer | None]:
+    """A plan's ``ahead`` and ``now`` answered in round t. Pair scores and gradients go
+    to an ops that takes plain rows as one ``grads`` call (one round trip where the
+    clients are remote; each row's answer does not depend on the rows beside it)."""
+    a, n = plan.ahead, plan.now
+    if isinstance(a, PairScores) and isinstance(n, Gradients) and not shares_points(ops):
+        clients, Z, salts = pairs.rows_of(a)
+        A, m = clients.numel(), n.clients.numel()
+        dev = Z.device
+        streams = torch.cat([torch.full((A,), rng.ALIGN), rng.per_row(n.stream, m).cpu()])
+        salts = torch.cat([salts, rng.per_row(n.salt, m).to(salts.device)])
+        rows = torch.cat([clients, n.clients])
+        G, L = ops.grads(rows, torch.cat([Z, n.points]), t, streams.to(dev), salts.to(dev))
+        return (pairs.scores_from(a, G[:A]), L[:0]), (G[A:], L[A:])
+    return (
+        None if a is None else compute(ops, a, t),
+        None if n is None else compute(ops, n, t),
+    )
+
+
+def shares_points(ops: ClientOps) -> bool:
+    """Whether ``ops`` takes ``SharedPoints`` (an optional attribute of a ClientOps)."""
+    return bool(getattr(ops, "shares_points", False))
 
 
 def run_plan(algo: PlansRounds, state: Any, t: int, ops: ClientOps) -> tuple[Any, dict]:
     """A synchronous round as plan -> compute -> apply (what ``engine.rounds: stale``
     computes with ``engine.staleness: 0``)."""
     plan = algo.plan_round(state, t, ops)
-    ahead = None if plan.ahead is None else compute(ops, plan.ahead, t)
-    now = None if plan.now is None else compute(ops, plan.now, t)
+    ahead, now = compute_plan(ops, plan, t)
     return algo.apply_round(state, plan, now, [] if ahead is None else [(plan, ahead)])
 
 
@@ -317,50 +320,34 @@ class StepsInRows(Protocol):
     of a weight matrix W, compute between them (the Ray engine's ``engine.rounds:
     resident``). The coordinator keeps the method's *rows state*: its state without the
     models, which has ``W`` (n, n) and ``active`` ((n,) bool or None: every client
-    present). Each round:
+    present). Each round t, every present client steps:
 
-    1. ``sample_edges(active, t, n, W=W)`` -> (pairs (E, 2) with i < j, possibly none;
-       the members (m,) that step);
-    2. every host computes, with the round's ``row_step(t, state)`` (sent to every host:
-       ``midpoints(X_own, X_partner)``, ``stepped(X, members, G)``, ``update_w(W_rows,
-       ids, edges, G_i, G_j)`` -> (rows, scores), ``step(X_rows, G, Y_rows, W_rows,
-       blocks)`` and ``at``, "stepped" where the step reads the stepped models; optional:
-       ``faded(W_rows)`` -> the rows as the round's W step starts, every round before
-       any ``update_w`` (a decay of W that does not wait for a pair to be sampled),
-       ``align_requests(clients, Z, salts)`` -> the gradient rows to request for the
-       pairs' ends, and ``align_mean(G)`` -> one gradient per end from their answer), its
-       pairs' gradients at their midpoints and its members' at their models, then its
-       W rows and its rows' step over the models of the hosts its W rows read
-       (``rows_read``);
-    3. ``apply_scores(state, edges, scores, t)`` keeps the coordinator's W in step with
-       the hosts' (after ``faded(state, t)``, every round, where the method has it: the
-       hosts' ``faded``), ``stats(losses, E, members, state, d)`` gives the round's
-       statistics (``state``: the rows state its step read; d: the model's size, for
-       its communication).
+    1. every host computes its present clients' gradients at their models; with the
+       round's ``row_step(t, state)`` (one object, sent to every host) ``published(X,
+       members, G)`` gives the models the other hosts read in phase 2 (None: x^t; used
+       where ``reads_published``);
+    2. every host steps its present clients' rows, ``step(X_rows, G, Y_rows, W_rows,
+       blocks)``, over the models of the hosts its W rows read (``rows_read``: (cols,
+       models) blocks of x^t, or of the published models, ``Y_rows`` this host's);
+    3. ``stats(losses, E, members, state, d)`` gives the round's statistics (E: the
+       pairs scored, 0 without; ``state``: the rows state the step read; d: the
+       model's size, for its communication).
 
     ``rows_start(ops)`` gives W^0 and the extras the rows state keeps (checkpointed by
-    name); ``rows_state(W, active, extras)`` builds it, and the optional
-    ``rows_extras(state)`` gives a state's extras back (after a membership change that
-    may set some: CoBo's joiners' clocks); ``samples_from_w`` says whether
-    round t's pairs read W^t; ``updates_whole_rows`` whether a pair's update may change
-    every entry of its two rows (a projection onto the simplex), not only its own two;
-    ``rows_refusal`` why the method's settings cannot run so (None: they can)."""
+    name); ``rows_state(W, active, extras)`` builds it and ``rows_extras(state)`` gives
+    a state's extras back (after a membership change that may set some);
+    ``updates_whole_rows`` says whether a round may change every entry of a row it
+    touches (a projection onto the simplex), not only its own pairs'; ``rows_refusal``
+    why the method's settings cannot run so (None: they can). A method whose W learns
+    from scored pairs is also ``ScoresPairsInRows``."""
 
     def rows_start(self, ops: ClientOps) -> tuple[torch.Tensor, dict[str, Any]]: ...
 
     def rows_state(self, W: torch.Tensor, active: torch.Tensor | None, extras: dict) -> Any: ...
 
-    def sample_edges(
-        self, active: torch.Tensor | None, t: int, n_clients: int, device=None, W=None
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def samples_from_w(self, t: int, n: int) -> bool: ...
+    def rows_extras(self, state: Any) -> dict[str, Any]: ...
 
     def row_step(self, t: int, state: Any) -> Any: ...
-
-    def apply_scores(
-        self, state: Any, edges: torch.Tensor, scores: torch.Tensor, t: int
-    ) -> Any: ...
 
     def rows_read(self, W: torch.Tensor) -> torch.Tensor: ...
 
@@ -373,6 +360,33 @@ class StepsInRows(Protocol):
     def present(self, state: Any) -> int: ...
 
     def rows_refusal(self) -> str | None: ...
+
+
+@runtime_checkable
+class ScoresPairsInRows(Protocol):
+    """A rows method whose W learns from pair scores (``pairs.PairScores``) each round:
+
+    - ``round_pairs(active, t, n, W)`` -> round t's pairs (E, 2), i < j, among the
+      present clients (possibly none), and ``samples_from_w(t, n)``: whether they read
+      W^t (then round t is sampled only once round t - 1's W is in);
+    - in phase 1 each host also computes, for the pairs whose i or j end it holds, that
+      end's gradient at the pair's point ``row_step.points(X_own, X_partner)``, the mean
+      of ``row_step.batches`` minibatches (stream ALIGN, salted by the partner, as
+      ``pairs.rows_of`` draws them);
+    - in phase 2 each host scores the pairs that touch it (``row_step.score`` with
+      ``row_step.floor``, ``pairs.alignment_scores``) and updates its W rows,
+      ``row_step.update_rows(W_rows, ids, edges, scores)``, every round (with no pair
+      too: an update may act on every row, as CoBo's fade), before its step;
+    - the coordinator keeps its W in step with the hosts': ``rows_update(state,
+      edges, scores, t)``, every round."""
+
+    def round_pairs(
+        self, active: torch.Tensor | None, t: int, n: int, W: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def samples_from_w(self, t: int, n: int) -> bool: ...
+
+    def rows_update(self, state: Any, edges: torch.Tensor, scores: torch.Tensor, t: int) -> Any: ...
 
 
 def evaluate(algo: Algorithm, state: Any, ops: ClientOps) -> Evaluation:

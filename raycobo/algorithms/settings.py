@@ -1,6 +1,6 @@
 """The settings that several methods share, as small mixins of the per-method config
 classes (each method's own class lives in its module, e.g. ``CoBoConfig`` in
-``cobo.py``). A method's section holds exactly the keys the method reads: a key of
+``cobo/settings.py``). A method's section holds exactly the keys the method reads: a key of
 another method is refused when the config is loaded (``raycobo.config``)."""
 
 from __future__ import annotations

@@ -149,5 +149,5 @@ class LoRAOps:
     def evaluate_mixture(self, clients, Z, weights) -> Evaluation:
         raise ConfigError(
             "invalid config key 'algorithm.name': a mixture of language models (FedeRiCo's "
-            "prediction) is not implemented; use cobo, local, fedavg, ditto or validation_based"
+            "prediction) is not implemented; use a method that predicts with one model per client"
         )

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from raycobo import rng
-from raycobo.algorithms.base import Evaluation, SharedPoints, tensor_layout
+from raycobo.algorithms.base import Evaluation, tensor_layout
+from raycobo.algorithms.pairs import SharedPoints
 from raycobo.data.base import FederatedData
 from raycobo.engine.memory import Execution
 from raycobo.models import FunctionalModel
@@ -164,7 +165,7 @@ class VectorizedOps(_SupervisedBase):
         self.fused = self.model.loss_grad is not None and not self.bf16
         self.shares_points = self.fused
         # a request of shared points is asked in parts of at most one call's rows where
-        # the method can (CoBo's alignment: each part reduced to scores before the next)
+        # the method can (pair scores: each part reduced to scores before the next)
         self.request_rows = self.chunk_size if self.shares_points else None
 
     def _chunks(self, m: int):

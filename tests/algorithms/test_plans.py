@@ -15,15 +15,14 @@ import torch
 from raycobo.algorithms.base import (
     Gradients,
     LocalSGD,
-    Plan,
     PlansRounds,
     compute,
     run_plan,
     sgd_steps,
 )
 from raycobo.algorithms.fedavg import fedavg_update
+from raycobo.algorithms.pairs import PairScores
 from raycobo.engine.ray.policies import RoundTiming, StaleRounds, plan_from_tree
-from raycobo.state import state_tree
 from tests.helpers import build
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,8 +199,7 @@ def test_local_sgd_with_a_proximal_term(quad_cfg):
 
 def test_a_plan_in_flight_survives_a_checkpoint(planner):
     """A pending plan as plain data (what a stale run's checkpoint holds) comes back as
-    the same request; plans saved before plans existed (CoBo's alignment request and its
-    edges) are read too."""
+    the same request (FedAvg's local steps, CoBo's pair scores)."""
     cfg = planner("fedavg-3")
     _, ops, algo = build(cfg)
     plan = algo.plan_round(algo.init(ops), 0, ops)
@@ -213,16 +211,15 @@ def test_a_plan_in_flight_survives_a_checkpoint(planner):
     assert back.round == 0 and isinstance(back.ahead, LocalSGD)
     assert torch.equal(back.ahead.start, plan.ahead.start) and back.ahead.steps == 3
     assert torch.equal(back.keep["sizes"], plan.keep["sizes"])
-    old = {
-        "round": 4,
-        "edges": torch.tensor([[0, 1]]),
-        "request": state_tree(
-            [torch.tensor([0, 1]), torch.zeros(2, 3), 4, 2, torch.tensor([1, 0])]
-        ),
-    }
-    legacy = plan_from_tree(old)
-    assert isinstance(legacy.ahead, Gradients) and legacy.ahead.stream == 2
-    assert torch.equal(legacy.keep["edges"], old["edges"]) and isinstance(legacy, Plan)
+    # CoBo's plan sends its pairs' scores ahead: a PairScores request, as plain data
+    _, c_ops, cobo = build(planner("cobo"))
+    policy = StaleRounds(cobo, LateOps(c_ops, 5), RoundTiming(), 3, 6)
+    policy.start()
+    policy.round(0)
+    (saved,) = policy.snapshot()["pending"]
+    back = plan_from_tree(saved)
+    assert isinstance(back.ahead, PairScores) and back.ahead.score == "bounded"
+    assert back.ahead.batches == 2 and back.ahead.points.shape[0] == back.keep["edges"].shape[0]
 
 
 @pytest.mark.parametrize("key", ["cobo", "fedavg-3"])

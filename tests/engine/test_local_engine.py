@@ -390,7 +390,7 @@ def test_shared_points_give_the_copied_points_numbers(digits_cfg, overrides):
     requests as one GEMM); the state after the rounds is the one of the same rounds with
     every request row its own copy of its point, bit for bit, and the shared request's
     rows equal the materialized request's."""
-    from raycobo.algorithms.base import SharedPoints
+    from raycobo.algorithms.pairs import SharedPoints
     from tests.helpers import assert_trees_equal
 
     cfg = digits_cfg("algorithm.name=cobo", "rounds=8", *overrides)

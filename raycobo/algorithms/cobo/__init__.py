@@ -17,7 +17,7 @@ Each round t:
 The parts, one module each: ``score`` (Eq. 1's score of a pair), ``wstep`` (Eq. 1's
 step on W, its schedule and fade), ``pull`` (Eq. 3), ``proposals`` (pairs scored
 besides the sampler's: re-checks and a collaborator's collaborator), ``weights`` (W,
-dense or sparse), ``requests`` (the rows of the alignment requests), ``rows`` (the
+dense or sparse), ``rows`` (the
 round on a host's rows), ``elastic`` (clients joining and leaving), ``method`` (the
 round), ``settings`` (the keys and the presets ``paper``, ``authors`` and
 ``raycobo``).
@@ -25,13 +25,13 @@ round), ``settings`` (the keys and the presets ``paper``, ``authors`` and
 
 from raycobo.algorithms.cobo.method import CoBo, CoBoState
 from raycobo.algorithms.cobo.pull import penalized_step, pull_weights
-from raycobo.algorithms.cobo.requests import ALIGN_SALT_STRIDE, pair_parts
 from raycobo.algorithms.cobo.rows import RowStep
-from raycobo.algorithms.cobo.score import alignment_scores, register_score
+from raycobo.algorithms.cobo.score import register_score
 from raycobo.algorithms.cobo.settings import PRESETS, CoBoConfig, Sampling, register_preset
 from raycobo.algorithms.cobo.sparse import SparseBoxWeights
 from raycobo.algorithms.cobo.weights import initial_weights
 from raycobo.algorithms.cobo.wstep import WStep, update_weight_rows, update_weights
+from raycobo.algorithms.pairs import ALIGN_SALT_STRIDE, alignment_scores, pair_parts
 
 __all__ = [
     "ALIGN_SALT_STRIDE",

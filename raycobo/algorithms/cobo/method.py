@@ -9,23 +9,17 @@ from dataclasses import dataclass, replace
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.base import MODELS, Answer, ClientOps, Gradients, Plan, SharedPoints
+from raycobo.algorithms.base import MODELS, Answer, ClientOps, Gradients, Plan, run_plan
 from raycobo.algorithms.cobo import weights
 from raycobo.algorithms.cobo.elastic import Membership
 from raycobo.algorithms.cobo.proposals import Closure, Proposals, Rechecks
 from raycobo.algorithms.cobo.pull import Pull
-from raycobo.algorithms.cobo.requests import (
-    end_gradients,
-    pair_parts,
-    pair_requests,
-    round_rows,
-    shared_rows,
-)
 from raycobo.algorithms.cobo.rows import InRows
-from raycobo.algorithms.cobo.score import FLOORED, alignment_scores, initial_scale
+from raycobo.algorithms.cobo.score import FLOORED, initial_scale
 from raycobo.algorithms.cobo.settings import CoBoConfig, PresetView, pull_cut
 from raycobo.algorithms.cobo.wstep import Schedule, WStep, update_weights
 from raycobo.algorithms.common import FLOAT
+from raycobo.algorithms.pairs import PairScores, answer_rows, midpoints
 from raycobo.algorithms.samplers import EdgeSampler
 
 
@@ -154,83 +148,33 @@ class CoBo(InRows, Membership):
             edges = self.proposals.added(edges, W, active, sampler, t)
         return edges, members
 
+    def pair_request(self, state: CoBoState, edges: torch.Tensor) -> PairScores:
+        """Eq. (1)'s scores of ``edges`` at their midpoints z_ij = (x_i + x_j) / 2."""
+        points = midpoints(state.X, edges[:, 0], edges[:, 1])
+        return PairScores(edges, points, self.batches, self.cfg.alignment, self.floor(state))
+
     def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
         if self.cfg.order == "models_first":
             return self._models_first(state, t, ops)
-        X, k, everyone = state.X, self.batches, state.active is None
-        edges, members = self.sample_edges(state.active, t, ops.n_clients, X.device, state.W)
-        if getattr(ops, "shares_points", False):
-            rows = getattr(ops, "request_rows", None)
-            if rows and 2 * k * edges.shape[0] + members.numel() > rows:
-                return self._round_in_parts(state, t, ops, edges, members)
-            p = shared_rows(X, edges, members, k, everyone)
-        else:
-            p = round_rows(X, edges, members, k, True, everyone)
-        E, n, A = p.edges.shape[0], p.members.numel(), p.align_clients.numel()
-        # One engine request for the whole round (fewer round trips on remote engines):
-        # rows [0, A) are the alignment gradients, rows [A, A + n) are g_i at x_i^t.
-        dev = X.device
-        clients = torch.cat([p.align_clients, p.members])
-        salts = torch.cat([p.align_salts, torch.zeros(n, dtype=torch.int64, device=dev)])
-        streams = torch.cat([torch.full((A,), rng.ALIGN), torch.full((n,), rng.STEP)])
-        G_all, L_all = ops.grads(clients, p.points, t, streams.to(dev), salts)
-        state = self.faded(state, t)
-        state = self.apply_alignment(state, p.edges, G_all[:A], t, p.by_pair)  # Eq. (1)
-        state = self.step(state, p.members, G_all[A:])  # Eq. (3), W^{t+1} and x^t
-        return state, self.stats(L_all[A:], E, p.members, state, X.shape[1])
-
-    def _round_in_parts(self, state: CoBoState, t: int, ops: ClientOps, edges, members):
-        """``round`` when its one request would exceed ``ops.request_rows`` rows: the
-        alignment gradients asked for a part of the pairs at a time, each part reduced to
-        its pairs' scores before the next (memory: one part's gradients, not the round's
-        2kE rows of d floats), then the model step's. The same numbers as one request:
-        each row's gradient and each pair's score do not depend on the rows beside it
-        (parts of at least two pairs, the layout of a reduction over several rows)."""
-        X, k = state.X, self.batches
-        state = self.faded(state, t)
-        scores = []
-        for a, b in pair_parts(edges.shape[0], ops.request_rows // (2 * k)):
-            mid, clients, salts = pair_requests(X, edges[a:b], k)
-            G, _ = ops.grads(clients, SharedPoints(((mid, 2 * k),)), t, rng.ALIGN, salts)
-            scores.append(self.pair_scores(state, G, b - a, by_pair=True))
-            del G, mid
-        if scores:  # Eq. (1)
-            state = self.apply_scores(state, edges, torch.cat(scores), t)
-        models = X if state.active is None else X.index_select(0, members)
-        G, L = ops.grads(members, SharedPoints(((models, 1),)), t, rng.STEP, 0)
-        state = self.step(state, members, G)  # Eq. (3), W^{t+1} and x^t
-        return state, self.stats(L, edges.shape[0], members, state, X.shape[1])
+        state, stats = run_plan(self, state, t, ops)
+        del stats["alignments_applied"]  # a synchronous round applies its own
+        return state, stats
 
     def _models_first(self, state: CoBoState, t: int, ops: ClientOps):
         """The authors' order: x^{t+1} from x^t with W^t (Eq. 3), then W^{t+1} from the
-        gradients at the midpoints of the new models (Eq. 1); two engine requests."""
+        scores at the midpoints of the new models (Eq. 1); two engine requests."""
         members = self.sample_edges(state.active, t, ops.n_clients, state.X.device)[1]
         G, L = ops.grads(members, state.X[members], t, rng.STEP, 0)
         stepped = self.step(state, members, G)
         state = self.faded(stepped, t)
-        p = self.plan(state, t, ops)  # the same edges: sampling depends on (seed, t) only
-        E = p.edges.shape[0]
-        if E:
-            G_align, _ = ops.grads(p.align_clients, p.align_points, t, rng.ALIGN, p.align_salts)
-            state = self.apply_alignment(state, p.edges, G_align, t)
-        return state, self.stats(L, E, members, stepped, state.X.shape[1])
-
-    def plan(self, state: CoBoState, t: int, ops: ClientOps):
-        """Round t's alignment rows (``round_rows``), the models not among them."""
-        edges, members = self.sample_edges(state.active, t, ops.n_clients, state.X.device, state.W)
-        return round_rows(state.X, edges, members, self.batches, False, state.active is None)
-
-    def apply_alignment(self, state: CoBoState, edges, G_align, t: int, by_pair: bool = False):
-        """Eq. (1) from round t's alignment gradient rows (``end_gradients``' layouts)."""
-        E = edges.shape[0]
-        if E == 0:
-            return state
-        return self.apply_scores(state, edges, self.pair_scores(state, G_align, E, by_pair), t)
-
-    def pair_scores(self, state: CoBoState, G_align, E: int, by_pair: bool = False):
-        """The E pairs' scores from their gradient rows, (E,)."""
-        G_i, G_j = end_gradients(G_align, E, self.batches, by_pair)
-        return alignment_scores(G_i, G_j, self.cfg.alignment, self.floor(state))
+        # the same edges: sampling depends on (seed, t) and W^t only
+        edges = self.sample_edges(state.active, t, ops.n_clients, state.X.device, state.W)[0]
+        if edges.shape[0]:
+            # asked as plain rows on every engine (the local engine's fused shared points
+            # would round this order's scores otherwise in the last bit)
+            scores, _ = answer_rows(ops, self.pair_request(state, edges), t)
+            state = self.apply_scores(state, edges, scores, t)
+        return state, self.stats(L, edges.shape[0], members, stepped, state.X.shape[1])
 
     def apply_scores(self, state: CoBoState, edges, scores: torch.Tensor, t: int) -> CoBoState:
         """Eq. (1) from round t's scores of the sampled pairs."""
@@ -268,24 +212,23 @@ class CoBo(InRows, Membership):
         )
 
     def plan_round(self, state: CoBoState, t: int, ops: ClientOps) -> Plan:
-        """Round t's requests: the alignment gradients ahead (Eq. 1 may take them late),
-        the model step's gradients at x^t now."""
-        p = self.plan(state, t, ops)
-        ahead = None
-        if p.edges.shape[0]:
-            ahead = Gradients(p.align_clients, p.align_points, rng.ALIGN, p.align_salts)
-        now = Gradients(p.members, state.X[p.members], rng.STEP, 0)
-        return Plan(t, ahead, now, {"edges": p.edges, "members": p.members})
+        """Round t's requests: the pairs' scores ahead (Eq. 1 may take them late), the
+        model step's gradients at x^t now."""
+        X = state.X
+        edges, members = self.sample_edges(state.active, t, ops.n_clients, X.device, state.W)
+        ahead = self.pair_request(state, edges) if edges.shape[0] else None
+        now = Gradients(members, X[members], rng.STEP, 0)
+        return Plan(t, ahead, now, {"edges": edges, "members": members})
 
     def apply_round(
         self, state: CoBoState, plan: Plan, now: Answer | None, arrived: list[tuple[Plan, Answer]]
     ) -> tuple[CoBoState, dict]:
-        """This round's fade, Eq. (1) from each arrived round's alignment gradients (at
-        its own round's gamma), then Eq. (3) with this round's model-step gradients."""
+        """This round's fade, Eq. (1) from each arrived round's scores (at its own round's
+        gamma), then Eq. (3) with this round's model-step gradients."""
         state = self.faded(state, plan.round)
         applied = 0
-        for p, (G_align, _) in arrived:
-            state = self.apply_alignment(state, p.keep["edges"], G_align, p.round)
+        for p, (scores, _) in arrived:
+            state = self.apply_scores(state, p.keep["edges"], scores, p.round)
             applied += p.keep["edges"].shape[0]
         assert now is not None
         members = plan.keep["members"]

@@ -10,50 +10,39 @@ import torch
 
 from raycobo.algorithms.cobo import weights
 from raycobo.algorithms.cobo.pull import penalized_rows_blocks, pull_weights, stepped_models
-from raycobo.algorithms.cobo.requests import batch_salts, mean_of_batches
-from raycobo.algorithms.cobo.score import alignment_scores
 from raycobo.algorithms.cobo.wstep import WStep, update_weight_rows
 
 
 @dataclass(frozen=True)
 class RowStep:
     """Round t's CoBo on some clients' rows: what a host that keeps its clients' models
-    and W rows computes (the Ray engine's resident hosts), from the gradients and the
-    other hosts' models it reads. Built by ``CoBo.row_step``; the equations are those
-    of ``CoBo.round``, restricted to rows."""
+    and W rows computes (``base.StepsInRows`` and ``ScoresPairsInRows``), from the
+    gradients and the other hosts' models it reads. Built by ``CoBo.row_step``; the
+    equations are those of ``CoBo.round``, restricted to rows."""
 
     lr: float
     rho: float
     w_step: WStep  # Eq. (1)'s step this round
     domain: str
-    alignment: str
-    floor: float  # the bounded cosine's least denominator
+    score: str  # Eq. (1)'s score (``pairs.SCORES``)
+    floor: float  # its least denominator (a floored score's)
     pull: str
     threshold: float  # the pull's threshold on w_ij
     at: str  # where the pull acts: "current" models x^t or "stepped" x^t - lr g
-    batches: int = 1  # the minibatches each alignment gradient averages
+    batches: int = 1  # the minibatches each end's gradient averages
     fade: float = 0.0  # what each weight below the threshold loses this round (``fade``)
 
+    @property
+    def reads_published(self) -> bool:
+        """Whether the step reads the other hosts' stepped models (``published``)."""
+        return self.at == "stepped"
+
     @staticmethod
-    def midpoints(X_own: torch.Tensor, X_partners: torch.Tensor) -> torch.Tensor:
-        """z_ij = (x_i + x_j) / 2, where the pair's alignment gradients are taken."""
+    def points(X_own: torch.Tensor, X_partners: torch.Tensor) -> torch.Tensor:
+        """z_ij = (x_i + x_j) / 2, where the pair's gradients are taken."""
         return 0.5 * (X_own + X_partners)
 
-    def align_requests(
-        self, clients: torch.Tensor, Z: torch.Tensor, salts: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The rows of a gradient request for these alignment gradients: each repeated
-        for every minibatch it averages (``mean_of_batches`` of the answer)."""
-        k = self.batches
-        if k == 1:
-            return clients, Z, salts
-        return clients.repeat(k), Z.repeat(k, 1), batch_salts(salts, k)
-
-    def align_mean(self, G: torch.Tensor) -> torch.Tensor:
-        """The answer to ``align_requests``' rows: one gradient per alignment row."""
-        return mean_of_batches(G, self.batches)
-
-    def stepped(
+    def published(
         self, X: torch.Tensor, members: torch.Tensor, G: torch.Tensor
     ) -> torch.Tensor | None:
         """The models the pull acts on where it acts on the stepped ones (x - lr g for
@@ -64,17 +53,13 @@ class RowStep:
         Y[members] = stepped_models(X[members], G, self.lr)
         return Y
 
-    def faded(self, W_rows: torch.Tensor) -> torch.Tensor:
-        """The rows after the round's fade (``CoBo.faded``), before Eq. (1)."""
-        return weights.faded(W_rows, self.threshold, self.fade)
-
-    def update_w(
-        self, W_rows: torch.Tensor, ids: torch.Tensor, edges, G_i, G_j
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eq. (1) on the rows ``ids`` from the pairs' alignment gradients. -> (the new
-        rows, the pairs' scores)"""
-        scores = alignment_scores(G_i, G_j, self.alignment, self.floor)
-        return update_weight_rows(W_rows, ids, edges, scores, self.w_step, self.domain), scores
+    def update_rows(self, W_rows: torch.Tensor, ids: torch.Tensor, edges, scores) -> torch.Tensor:
+        """The round's fade (``CoBo.faded``), then Eq. (1) on the rows ``ids`` from the
+        scores of the pairs that touch them."""
+        W_rows = weights.faded(W_rows, self.threshold, self.fade)
+        if edges.shape[0] == 0:
+            return W_rows
+        return update_weight_rows(W_rows, ids, edges, scores, self.w_step, self.domain)
 
     def step(self, X_rows, G, Y_rows, W_rows, blocks) -> torch.Tensor:
         """Eq. (3) for some clients with their W rows over the models in ``blocks``
@@ -87,9 +72,18 @@ class RowStep:
 
 
 class InRows:
-    """CoBo's side of ``base.StepsInRows`` (a mixin of ``CoBo``): the rows state the
-    coordinator keeps (W, membership and the extras, no models) and each round's
-    ``RowStep``."""
+    """CoBo's side of ``base.StepsInRows`` and ``ScoresPairsInRows`` (a mixin of
+    ``CoBo``): the rows state the coordinator keeps (W, membership and the extras, no
+    models), each round's pairs and ``RowStep``, and the coordinator's W update."""
+
+    def round_pairs(self, active, t: int, n: int, W) -> torch.Tensor:
+        """Round t's pairs among the present clients (the proposals' too)."""
+        return self.sample_edges(active, t, n, W=W)[0]
+
+    def rows_update(self, state, edges: torch.Tensor, scores: torch.Tensor, t: int):
+        """The coordinator's W after round t: the fade, then Eq. (1) from the scores."""
+        state = self.faded(state, t)
+        return self.apply_scores(state, edges, scores, t) if edges.shape[0] else state
 
     def rows_refusal(self) -> str | None:
         """Why these settings cannot step in rows on hosts (None: they can): a host

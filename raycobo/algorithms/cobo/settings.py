@@ -15,8 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from raycobo.algorithms.cobo.requests import ALIGN_BATCHES_MAX
-from raycobo.algorithms.cobo.score import SCORES
+from raycobo.algorithms.pairs import ALIGN_BATCHES_MAX, SCORES
 from raycobo.algorithms.samplers import SAMPLINGS
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.registry import import_object, is_import_path
@@ -422,4 +421,6 @@ class PresetView:
     def __getattr__(self, key: str):
         if key.startswith("_"):  # _cfg before it is set (unpickling), dunder look-ups
             raise AttributeError(key)
-        return self._cfg.value(key)
+        have = getattr(self._cfg, key)
+        preset = PRESETS[self._cfg.preset]
+        return preset[key] if have is None and key in preset else have

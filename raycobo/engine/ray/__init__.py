@@ -13,7 +13,7 @@
   training) of its clients at its points (the coordinator sends each host only the
   points of its own clients through the object store, in parallel); ``StaleRounds``
   (``stale``) schedules the plan of a method that ``PlansRounds`` so that the results it
-  may apply late (CoBo's alignment) arrive up to ``engine.staleness`` rounds late;
+  may apply late (e.g. pair scores) arrive up to ``engine.staleness`` rounds late;
   ``ResidentRounds`` (``resident``, a method that ``StepsInRows``): the hosts
   (``ResidentHostImpl``) keep their clients' models and W rows, a round is two calls per
   host that read each other's gradients and published models through the object store,

@@ -1,7 +1,7 @@
 """The client-host actor: the data of some clients, answering the engine primitive with
 the local engine's own code (on CUDA when Ray gave it a GPU). It keeps no algorithm
 state: every call brings the points it computes at (``ResidentHostImpl`` in
-``resident_host.py`` extends it with host-resident CoBo models)."""
+``resident_host.py`` extends it with host-resident models)."""
 
 from __future__ import annotations
 

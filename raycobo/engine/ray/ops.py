@@ -9,7 +9,9 @@ from typing import Any
 import torch
 
 from raycobo import rng
+from raycobo.algorithms import pairs
 from raycobo.algorithms.base import Evaluation, Gradients, LocalSGD, Request, compute
+from raycobo.algorithms.pairs import PairScores
 from raycobo.engine.ray.errors import HostsLost, HostStateLost, actor_lost
 
 
@@ -220,8 +222,12 @@ class RayClientOps:
             args[h] = (loc, start, ref, r.lr, r.steps, t, r.stream, r.prox)
         return "local_sgd", parts, args
 
-    def submit(self, request: Request, t: int) -> InFlight:
-        """Dispatch a request of round t and return at once (``engine.rounds: stale``)."""
+    def submit(self, request: Request, t: int) -> InFlight | Scored:
+        """Dispatch a request of round t and return at once (``engine.rounds: stale``);
+        pair scores as their gradient rows, reduced here when they arrive."""
+        if isinstance(request, PairScores):
+            clients, Z, salts = pairs.rows_of(request)
+            return Scored(self.submit(Gradients(clients, Z, rng.ALIGN, salts), t), request)
         method, parts, args = self._per_host(request, t)
         refs = {h: getattr(self.hosts[h], method).remote(*a) for h, a in args.items()}
         return InFlight(self, request, t, parts, refs)
@@ -294,6 +300,20 @@ class InFlight:
         self.ops.count_time(compute_s=max(sec for _, sec in got.values()))
         m = self.request.clients.numel()
         return self.ops.gather_grads(m, _dtype(self.request), self.parts, res)
+
+
+class Scored:
+    """Pair scores in flight: their gradient rows' ``InFlight``, reduced on arrival."""
+
+    def __init__(self, rows: InFlight, request: PairScores):
+        self.rows, self.request = rows, request
+
+    def ready(self) -> bool:
+        return self.rows.ready()
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        G, L = self.rows.result()
+        return pairs.scores_from(self.request, G), L[:0]
 
 
 def _dtype(request: Request) -> torch.dtype:

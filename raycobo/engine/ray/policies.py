@@ -3,11 +3,11 @@
 - :class:`SyncRounds`: the algorithm's own round over the hosts (``RayClientOps``); every
   round waits for its answers. Every registered method runs this way.
 - :class:`StaleRounds` (``engine.rounds: stale``): bounded staleness
-  (``engine.staleness``) for any method that plans its rounds (``PlansRounds``: CoBo's
-  alignment, FedAvg's local updates, a plugin's): the plans' ahead requests are sent
+  (``engine.staleness``) for any method that plans its rounds (``PlansRounds``: pair
+  scores, local updates, a plugin's requests): the plans' ahead requests are sent
   without waiting and applied when they arrive, at most that many rounds late.
 - ``ResidentRounds`` (``engine.rounds: resident``, ``resident.py``): a method that steps
-  in rows (``StepsInRows``: CoBo, a plugin's) with the models kept in the hosts.
+  in rows (``StepsInRows``) with the models kept in the hosts.
 
 :func:`schedule_for` resolves ``engine.rounds`` once into a :class:`Schedule`, which
 gives the host class, the hosts' actor options and the policy.
@@ -37,7 +37,8 @@ from raycobo.algorithms.base import (
     compute,
     round_result,
 )
-from raycobo.engine.ray.ops import InFlight, RayClientOps
+from raycobo.algorithms.pairs import PairScores
+from raycobo.engine.ray.ops import InFlight, RayClientOps, Scored
 from raycobo.engine.ray.timing import RoundTiming
 from raycobo.engine.session import LocalSession
 from raycobo.state import state_tree
@@ -98,7 +99,7 @@ class Schedule:
 
 def schedule_for(cfg, algo) -> Schedule:
     """``engine.rounds`` for this run, checked against what the method can do: resident
-    rounds need a method that steps in rows (``StepsInRows``: CoBo, with the settings its
+    rounds need a method that steps in rows (``StepsInRows``, with the settings its
     ``rows_refusal`` accepts); stale rounds need a method that plans its rounds
     (``PlansRounds``, with settings its ``plan_refusal`` accepts). A combination that
     cannot run is refused naming the key."""
@@ -110,15 +111,15 @@ def schedule_for(cfg, algo) -> Schedule:
         if not isinstance(algo, StepsInRows):
             why = (
                 f"algorithm '{a.name}' does not step in rows for hosts to keep "
-                "(StepsInRows: cobo does)"
+                f"(raycobo.StepsInRows: {_having(StepsInRows)} do)"
             )
         else:
             why = algo.rows_refusal()
     elif e.rounds == "stale":
         if not isinstance(algo, PlansRounds):
             why = (
-                f"algorithm '{a.name}' does not plan its rounds (PlansRounds: cobo, "
-                "fedavg, oracle do); set engine.rounds=sync"
+                f"algorithm '{a.name}' does not plan its rounds (raycobo.PlansRounds: "
+                f"{_having(PlansRounds)} do); set engine.rounds=sync"
             )
         else:
             why = algo.plan_refusal()
@@ -128,11 +129,23 @@ def schedule_for(cfg, algo) -> Schedule:
     return Schedule(e.rounds, lag, cfg.rounds)
 
 
+def _having(capability: type) -> str:
+    """The built-in methods with a capability, for a message."""
+    from raycobo.algorithms import METHODS
+
+    names = [
+        n
+        for n, m in METHODS.items()
+        if isinstance(m.build, type) and issubclass(m.build, capability)
+    ]
+    return ", ".join(names) or "none"
+
+
 def elastic_or_stop(algo, why: str) -> Elastic:
     if not isinstance(algo, Elastic):
         raise RuntimeError(
             f"{why}, and algorithm '{algo.name}' cannot continue without them "
-            "(engine.on_failure=drop needs clients that can leave: cobo)"
+            f"(engine.on_failure=drop needs clients that can leave: {_having(Elastic)})"
         )
     return algo
 
@@ -191,7 +204,7 @@ class StaleRounds(SyncRounds):
     def __init__(self, algo, ops: RayClientOps, timing: RoundTiming, staleness: int, rounds: int):
         super().__init__(algo, ops, timing)
         self.staleness, self.rounds = staleness, rounds
-        self.pending: list[tuple[Plan, InFlight]] = []
+        self.pending: list[tuple[Plan, InFlight | Scored]] = []
         self.lags: list[int] = []  # rounds each ahead result arrived late
 
     def round(self, t: int) -> dict[str, float]:
@@ -244,11 +257,6 @@ class StaleRounds(SyncRounds):
 def plan_from_tree(tree: dict[str, Any]) -> Plan:
     """A checkpointed plan in flight (its ``ahead`` request and ``keep``; ``now`` was
     computed in its own round)."""
-    if "request" in tree:  # written before plans: CoBo's alignment request and its edges
-        clients, Z, _, stream, salt = tree["request"]
-        return Plan(
-            tree["round"], Gradients(clients, Z, stream, salt), None, {"edges": tree["edges"]}
-        )
-    kinds = {"Gradients": Gradients, "LocalSGD": LocalSGD}
+    kinds = {"Gradients": Gradients, "LocalSGD": LocalSGD, "PairScores": PairScores}
     ahead = kinds[tree["kind"]](**tree["ahead"])
     return Plan(tree["round"], ahead, None, dict(tree["keep"]))

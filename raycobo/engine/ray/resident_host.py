@@ -1,9 +1,9 @@
 """The client host of host-resident rows (``engine.rounds: resident``): a
 :class:`ClientHostImpl` that also keeps its clients' models and W rows. A round is two
 calls, ``res_grads`` (phase 1) then ``res_update`` (phase 2), whose equations are the
-method's row step (``StepsInRows.row_step``, e.g. CoBo's ``RowStep``); see
-``raycobo.engine.ray.resident``. Pair gradients are drawn on stream ALIGN salted by the
-partner, the members' on stream STEP, as CoBo's synchronous round draws them."""
+method's row step (``StepsInRows.row_step``); see ``raycobo.engine.ray.resident``. Pair
+gradients are drawn as ``pairs.rows_of`` draws them (stream ALIGN, salted by the
+partner), the members' on stream STEP, as a synchronous round draws them."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from raycobo import rng
+from raycobo.algorithms import pairs
 from raycobo.engine.ray.errors import HostStateLost
 from raycobo.engine.ray.host import ClientHostImpl
 from raycobo.engine.ray.layout import host_layout
@@ -42,6 +43,7 @@ class UpdateRequest(NamedTuple):
     report: np.ndarray  # (e,) bool: pairs whose i end is this host's (it reports their scores)
     present: np.ndarray | None  # (n,) bool, None: every client present
     n_grads: int  # how many of the call's arrays are phase-1 answers (the rest: blocks)
+    scores_pairs: bool  # the method's rows learn from pair scores (ScoresPairsInRows)
 
 
 class StepAnswer(NamedTuple):
@@ -98,41 +100,48 @@ class ResidentHostImpl(ClientHostImpl):
         return out.to(self.device)
 
     def res_grads(self, req: GradsRequest, hp: RowStep, *blocks):
-        """Phase 1 of a resident round: this host's clients' gradients at the midpoints
-        z_ij = (x_i + x_j) / 2 of their sampled pairs (x_j read from the partner host's
-        published block among ``blocks``) and at their own models (the model step's,
-        kept here for phase 2). One batched request. Where the pull acts on the stepped
-        models (``hp``) they are published here for the other hosts' phase 2. ->
-        (alignment gradients (k, d), this host's stepped models or None)"""
+        """Phase 1 of a resident round: this host's clients' gradients at the points
+        ``hp.points(x_i, x_j)`` of their sampled pairs (x_j read from the partner host's
+        published block among ``blocks``), each the mean of ``hp.batches`` minibatches,
+        and at their own models (the step's, kept here for phase 2). One batched request.
+        The models ``hp.published`` gives are published for the other hosts' phase 2. ->
+        (pair gradients (k, d), this host's published models or None)"""
         self._wait(len(req.own) + len(req.members))
         t0 = time.perf_counter()
         X = self._models()
         own, members = self._in(req.own), self._in(req.members)
         m = members.numel()
-        mid = hp.midpoints(X[own], self._rows_of(blocks, req.partners))
         salts = torch.as_tensor(np.asarray(req.salts), dtype=torch.int64).reshape(-1)
-        batched = getattr(hp, "align_requests", None)  # optional in the row-step protocol
-        if batched is not None:  # each alignment row repeated per minibatch it averages
-            own, mid, salts = batched(own, mid, salts)
+        batches = 1
+        if own.numel():  # each pair row repeated per minibatch it averages
+            mid = hp.points(X[own], self._rows_of(blocks, req.partners))
+            batches = hp.batches
+            own, mid, salts = (
+                own.repeat(batches),
+                mid.repeat(batches, 1),
+                pairs.batch_salts(salts, batches),
+            )
+        else:
+            mid = X[:0]
         k = own.numel()
         Z = torch.cat([mid, X[members]])
         streams = torch.cat([torch.full((k,), rng.ALIGN), torch.full((m,), rng.STEP)])
         salts = torch.cat([salts, torch.zeros(m, dtype=torch.int64)])
         G, L = self.ops.grads(torch.cat([own, members]), Z, req.round, streams, salts)
-        Y = hp.stepped(X, members, G[k:])
+        Y = hp.published(X, members, G[k:])
         self.pending_step = (members, G[k:], L[k:], Y)
         self.phase1_s = time.perf_counter() - t0
-        G_align = G[:k] if batched is None else hp.align_mean(G[:k])
-        return G_align.cpu().numpy(), None if Y is None else Y.cpu().numpy()
+        G_pairs = pairs.mean_of_batches(G[:k], batches)
+        return G_pairs.cpu().numpy(), None if Y is None else Y.cpu().numpy()
 
     def res_update(self, req: UpdateRequest, hp: RowStep, *parts):
-        """Phase 2: the scores of the sampled pairs that touch this host (both gradients
-        read from phase 1's published arrays) and Eq. (1) on this host's W rows, then
-        Eq. (3) for its present clients against the published models of the hosts they
-        collaborate with (x^t, or their phase-1 stepped models), both as ``hp`` (the method's
-        ``RowStep``) computes them. parts: ``req.n_grads`` phase-1 answers, then (host,
-        block) pairs (references Ray resolves only as top-level arguments). ->
-        (:class:`StepAnswer`, the new block)"""
+        """Phase 2: for a method that scores pairs, the scores of the sampled pairs that
+        touch this host (both gradients read from phase 1's published arrays) and its W
+        rows' update (``hp.update_rows``, every round); then the step of its present
+        clients against the published models of the hosts their rows read (x^t, or
+        their phase-1 published models), as ``hp`` (the method's row step) computes it.
+        parts: ``req.n_grads`` phase-1 answers, then (host, block) pairs (references Ray
+        resolves only as top-level arguments). -> (:class:`StepAnswer`, the new block)"""
         if self.pending_step is None:  # restarted by Ray between the two phases
             raise HostStateLost(f"host of clients {self.clients} lost its phase-1 gradients")
         t0 = time.perf_counter()
@@ -142,16 +151,15 @@ class ResidentHostImpl(ClientHostImpl):
         blocks = parts[n_grads + 1 :: 2]
         edges = torch.as_tensor(np.asarray(req.edges), dtype=torch.int64).reshape(-1, 2)
         scores = torch.zeros(0, device=self.device)
-        faded = getattr(hp, "faded", None)  # optional in the row-step protocol
-        if faded is not None:  # every round, before Eq. (1)
-            self.W = faded(self.W)
-        if edges.shape[0]:  # Eq. (1) on this host's W rows
+        if edges.shape[0]:  # the pairs that touch this host, scored
             G_i, G_j = self._rows_of(grads, req.at_i), self._rows_of(grads, req.at_j)
-            self.W, scores = hp.update_w(self.W, self.ids, edges, G_i, G_j)
+            scores = pairs.alignment_scores(G_i, G_j, hp.score, hp.floor)
+        if req.scores_pairs:  # the W rows' update, every round (with no pair too)
+            self.W = hp.update_rows(self.W, self.ids, edges, scores)
         members, G, L, Y = self.pending_step
         if members.numel():  # Eq. (3) over the linked hosts' published models
             W_rows = self.W[members]
-            if req.present is not None:  # absent clients neither pull nor are pulled
+            if req.present is not None:  # absent clients neither read nor are read
                 mask = torch.as_tensor(np.asarray(req.present, dtype=bool))
                 W_rows = W_rows * mask.to(self.device, W_rows.dtype)
             all_members = members.numel() == len(self.clients)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raycobo.algorithms.cobo.requests import mean_over
+from raycobo.algorithms.pairs import mean_over
 from tests.helpers import build
 
 
@@ -35,35 +35,44 @@ def test_the_scores_by_hand():
     assert torch.allclose(bounded, torch.tensor([24 / 25, 0.24 / 1.0, -1.0]))
 
 
-def test_a_round_asks_for_the_rows_its_scores_read():
-    """The alignment rows as one tensor (all i-ends, then all j-ends, per minibatch) and
-    as shared points (pair by pair) ask for the same (client, salt) rows at the same
-    midpoints, and each layout's answer averages back to the same two ends."""
-    from raycobo.algorithms.cobo.requests import (
+def test_a_pair_request_asks_for_the_rows_its_scores_read():
+    """A PairScores request's rows as one tensor (all i-ends, then all j-ends, per
+    minibatch) and as shared points (pair by pair) ask for the same (client, salt) rows
+    at the same points, and each layout's answer reduces to the same scores; answered in
+    parts of at least two pairs, the same scores as in one."""
+    from raycobo.algorithms.pairs import (
         ALIGN_SALT_STRIDE,
-        end_gradients,
-        round_rows,
+        PairScores,
+        answer,
+        rows_of,
+        scores_from,
         shared_rows,
     )
 
-    X = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
-    edges, members, k = torch.tensor([[0, 1], [1, 4], [2, 3]]), torch.arange(5), 2
-    flat = round_rows(X, edges, members, k, True, True)
-    shared = shared_rows(X, edges, members, k, True)
-    A = 2 * k * edges.shape[0]
+    g = torch.Generator().manual_seed(0)
+    pairs, k = torch.tensor([[0, 1], [1, 4], [2, 3], [0, 4], [1, 2]]), 2
+    req = PairScores(pairs, torch.randn(5, 3, generator=g), k, "cosine")
+    clients, Z, salts = rows_of(req)
+    s_clients, shared, s_salts = shared_rows(req, 0, 5)
     rows = lambda c, s, Z: sorted(zip(c.tolist(), s.tolist(), Z.tolist(), strict=True))  # noqa: E731
-    points = shared.points.materialize()
-    assert rows(flat.align_clients, flat.align_salts, flat.points[:A]) == rows(
-        shared.align_clients, shared.align_salts, points[:A]
-    )
-    assert torch.equal(flat.points[A:], X) and torch.equal(points[A:], X)
-    assert int(flat.align_salts.max()) == 4 + ALIGN_SALT_STRIDE  # the second minibatch
-    # answers that are a function of (client, salt) come back to the same ends either way
-    answer = lambda c, s: torch.stack([c.float(), s.float()], dim=1)  # noqa: E731
-    flat_ends = end_gradients(answer(flat.align_clients, flat.align_salts), 3, k)
-    shared_ends = end_gradients(answer(shared.align_clients, shared.align_salts), 3, k, True)
-    for a, b in zip(flat_ends, shared_ends, strict=True):
-        assert torch.equal(a, b)
+    assert rows(clients, salts, Z) == rows(s_clients, s_salts, shared.materialize())
+    assert int(salts.max()) == 4 + ALIGN_SALT_STRIDE  # the second minibatch's salt
+    # an answer that is a function of (client, salt, point) reduces alike in both layouts
+    grad = lambda c, s, Z: torch.stack([c.float(), s.float() % 7, Z.sum(1)], dim=1)  # noqa: E731
+    flat = scores_from(req, grad(clients, salts, Z))
+    by_pair = scores_from(req, grad(s_clients, s_salts, shared.materialize()), by_pair=True)
+    assert torch.equal(flat, by_pair)
+
+    class Ops:  # an ops that takes shared points, in requests of at most 8 rows
+        shares_points, request_rows, calls = True, 8, 0
+
+        def grads(self, c, Z, t, stream, salt):
+            Ops.calls += 1
+            return grad(c, torch.as_tensor(salt), Z.materialize()), torch.zeros(c.numel())
+
+    got, losses = answer(Ops(), req, 0)
+    assert Ops.calls == 2 and losses.numel() == 0  # pairs [0, 2) and [2, 5): 8 + 12 rows
+    assert torch.equal(got, flat)
 
 
 def test_a_new_score_is_one_part_and_one_preset(quad_cfg, tmp_path):

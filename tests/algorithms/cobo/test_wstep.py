@@ -123,7 +123,8 @@ def test_fade_returns_the_weights_below_the_threshold_to_zero():
     lifted = SparseBoxWeights(4, keys[:1], torch.tensor([0.9]), base=0.3, diag=1.0)
     assert fade_weights(lifted, 0.5, 0.1).base == pytest.approx(0.2)  # W^0 below the cut
     rows = RowStep(0.1, 1.0, None, "box", "bounded", 0.0, "mean", 0.5, "stepped", fade=0.1)
-    assert_close(rows.faded(W[1:3]), want[1:3])
+    none = torch.zeros(0, 2, dtype=torch.int64)  # a round that samples no pair fades too
+    assert_close(rows.update_rows(W[1:3], torch.tensor([1, 2]), none, torch.zeros(0)), want[1:3])
 
     n, rounds = 10, 400
     algo = CoBo(CoBoConfig(fade=0.5, sampling="constant", gamma_decay="none"), rounds, seed=0)

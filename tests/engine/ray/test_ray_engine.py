@@ -615,6 +615,24 @@ def test_a_plugin_that_steps_in_rows_runs_every_schedule(
     assert report["step_blocks_read"] == pytest.approx(12 / 16)
 
 
+def test_a_plugin_that_scores_pairs_in_rows_runs_every_schedule(
+    ray_2_cpus_2_fake_gpus, digits_cfg, tmp_path
+):
+    """(#66 item 4) A second rows method, examples/plugins/pair_average.py, whose W
+    learns from pair scores (ScoresPairsInRows) without any CoBo code: the hosts score
+    the pairs that touch them and update their rows, and sync, stale (staleness 0) and
+    resident rounds give the local engine's numbers, with no change to the engine."""
+    cfg = example_plugin_on_ray(
+        digits_cfg, tmp_path, "pair_average", "pair_average_on_ray:PairAverage", 1
+    )
+    cfg = with_overrides(cfg, {"algorithm.pairs_c": 3.0})
+    (_, W, _), _ = ray_matches_local(cfg, 4)
+    assert 0 < int(W.sum()) - W.shape[0] < W.numel() - W.shape[0]  # some pairs, not all
+    ray_matches_local(with_overrides(cfg, {"engine.rounds": "stale", "engine.staleness": 0}), 4)
+    _, report = ray_matches_local(with_overrides(cfg, {"engine.rounds": "resident"}), 4)
+    assert report["rounds"] == "resident"
+
+
 def test_an_algorithms_own_cluster_agreement_is_used_on_ray(
     ray_2_cpus_2_fake_gpus, digits_cfg, tmp_path
 ):

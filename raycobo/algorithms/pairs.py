@@ -1,0 +1,226 @@
+"""The pair-score request: for each pair (i, j), a score of the two clients' gradients at
+the pair's point z_ij (CoBo's Eq. 1: its midpoint), each end's gradient taken on a fresh
+minibatch of its own client's data, or the mean over ``batches`` of them.
+
+A method asks for it (``PairScores``); ``answer`` computes it over any ``ClientOps``
+from ``grads``: one request of all the rows, or, for an ops that takes ``SharedPoints``,
+each point once for its 2k rows, a part of the pairs at a time where the whole would
+exceed ``ops.request_rows`` (memory: one part's gradients, each part reduced to its
+scores before the next). Every layout gives each row the same gradient and each pair
+the same score (tested). A score is a function (G_i, G_j, floor) -> (E,) registered by
+name (``register_score``); ``floor`` is the least denominator a bounded score divides by.
+
+The draws: end i of pair (i, j) is client i's stream ALIGN salted by j (and end j by
+i), minibatch b > 0 by that salt + b * ALIGN_SALT_STRIDE, a salt no client id reaches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from raycobo import rng
+
+ScoreFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+SCORES: dict[str, ScoreFn] = {}
+ALIGN_SALT_STRIDE = 1 << 24
+ALIGN_BATCHES_MAX = 64
+
+
+def register_score(name: str) -> Callable[[ScoreFn], ScoreFn]:
+    """Register a pair score under ``name`` (CoBo's ``algorithm.alignment``)."""
+
+    def add(fn: ScoreFn) -> ScoreFn:
+        SCORES[name] = fn
+        return fn
+
+    return add
+
+
+@register_score("inner")
+def inner(G_i: torch.Tensor, G_j: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
+    """<g_i(z_ij), g_j(z_ij)>, as CoBo's Eq. (1) prints it."""
+    return torch.linalg.vecdot(G_i, G_j)
+
+
+@register_score("cosine")
+def cosine(G_i: torch.Tensor, G_j: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
+    """The inner product over ||g_i|| ||g_j|| (in [-1, 1], whatever the gradients' scale)."""
+    return _over_norms(G_i, G_j, 0.0)
+
+
+@register_score("bounded")
+def bounded(G_i: torch.Tensor, G_j: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
+    """The inner product over max(||g_i|| ||g_j||, floor): the cosine while the gradients
+    are large, and below the floor the inner product in units of the floor."""
+    return _over_norms(G_i, G_j, floor)
+
+
+def _over_norms(G_i: torch.Tensor, G_j: torch.Tensor, floor: float) -> torch.Tensor:
+    dot = torch.linalg.vecdot(G_i, G_j)
+    norms = torch.linalg.vector_norm(G_i, dim=1) * torch.linalg.vector_norm(G_j, dim=1)
+    return dot / norms.clamp_min(max(floor, 1e-12))
+
+
+def alignment_scores(
+    G_i: torch.Tensor, G_j: torch.Tensor, kind: str = "inner", floor: float = 0.0
+) -> torch.Tensor:
+    """The score ``kind`` of each pair. G_i, G_j: (E, d) -> (E,)"""
+    return SCORES[kind](G_i, G_j, floor)
+
+
+@dataclass(frozen=True)
+class PairScores:
+    """A request: the score ``score`` (a name in ``SCORES``, with ``floor``) of each pair
+    (i, j) of ``pairs`` (E, 2) from both ends' gradients at ``points`` (E, d), each the
+    mean of ``batches`` minibatches -> (scores (E,), no losses (0,))."""
+
+    pairs: torch.Tensor
+    points: torch.Tensor
+    batches: int = 1
+    score: str = "inner"
+    floor: float = 0.0
+
+    @property
+    def rows(self) -> int:
+        return 2 * self.batches * int(self.pairs.shape[0])
+
+
+@dataclass(frozen=True)
+class SharedPoints:
+    """The points of a gradient request whose rows share them: ``segments`` is a tuple of
+    (values (U, d), R), each point of a segment asked R times in a row (point-major:
+    rows u R .. u R + R - 1 are at values[u]), the segments one after another. A client
+    ops that sets ``shares_points`` takes it as ``grads``' Z and may compute each point's
+    R rows together (the local engine's MLP: one GEMM of R minibatches on one copy of the
+    point, where ``materialize`` would write R copies); its answer is the same, row for
+    row, as for ``materialize()``. Such an ops may also set ``request_rows``: the rows
+    of one request it answers best, which a method splits a larger request into where
+    it can (CoBo: its alignment gradients, a part of the pairs at a time)."""
+
+    segments: tuple[tuple[torch.Tensor, int], ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(v.shape[0] * r for v, r in self.segments)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.segments[0][0].dtype
+
+    def materialize(self) -> torch.Tensor:
+        """The (rows, d) points, one copy per row."""
+        return torch.cat([v.repeat_interleave(r, dim=0) for v, r in self.segments])
+
+
+def midpoints(
+    X: torch.Tensor, i: torch.Tensor, j: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """z_ij = (x_i + x_j) / 2 for each pair, (E, d) (into ``out`` if given)."""
+    mid = torch.index_select(X, 0, i, out=out) if out is not None else X.index_select(0, i)
+    return mid.add_(X.index_select(0, j)).mul_(0.5)
+
+
+def batch_salts(salts: torch.Tensor, k: int) -> torch.Tensor:
+    """The salts of ``k`` minibatches per gradient: batch 0 keeps the pair's own salt,
+    batch b adds b * ALIGN_SALT_STRIDE. (m,) -> (k m,), batch-major."""
+    if k == 1:
+        return salts
+    if salts.numel() and int(salts.max()) >= ALIGN_SALT_STRIDE:
+        raise ValueError(
+            f"algorithm.alignment_batches > 1 supports fewer than {ALIGN_SALT_STRIDE:,} clients"
+        )
+    return torch.cat([salts + b * ALIGN_SALT_STRIDE for b in range(k)])
+
+
+def rows_of(req: PairScores) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The request's gradient rows batch-major (for each minibatch all i-ends, then all
+    j-ends): (clients (2kE,), points (2kE, d), salts (2kE,))."""
+    i, j = req.pairs[:, 0], req.pairs[:, 1]
+    k, E = req.batches, i.numel()
+    Z = req.points.new_empty(2 * k * E, req.points.shape[1])
+    for b in range(2 * k):
+        Z[b * E : (b + 1) * E].copy_(req.points)
+    return torch.cat([i, j]).repeat(k), Z, batch_salts(torch.cat([j, i]), k)
+
+
+def shared_rows(req: PairScores, a: int, b: int):
+    """Pairs [a, b)'s rows as ``SharedPoints``, pair by pair (i then j, for each of the k
+    minibatches), each point once: (clients, points, salts)."""
+    k = req.batches
+    ends = req.pairs[a:b]  # (P, 2)
+    clients = ends.repeat(1, k).flatten()  # (P 2k,): i, j, i, j, ...
+    salts = batch_salts(ends.flip(1).flatten(), k).view(k, -1, 2).transpose(0, 1).flatten()
+    return clients, SharedPoints(((req.points[a:b], 2 * k),)), salts
+
+
+def scores_from(req: PairScores, G: torch.Tensor, by_pair: bool = False) -> torch.Tensor:
+    """The scores of the request's pairs (or of a part's) from their gradient rows
+    (``rows_of``' layout, or ``shared_rows``' with ``by_pair``)."""
+    k = req.batches
+    E = G.shape[0] // (2 * k)
+    if by_pair:  # (E, k, 2, d): the minibatches' mean of each end
+        G = G.view(E, k, 2, -1)
+        G = G[:, 0] if k == 1 else mean_over(G, 1)  # (E, 2, d)
+        G_i, G_j = G[:, 0], G[:, 1]
+    else:
+        G = mean_of_batches(G, k)
+        G_i, G_j = G[:E], G[E:]
+    return alignment_scores(G_i, G_j, req.score, req.floor)
+
+
+def mean_of_batches(G: torch.Tensor, k: int) -> torch.Tensor:
+    """The gradients of ``k`` batch-major minibatch groups, averaged: (k m, d) -> (m, d)
+    (``G`` itself for k = 1)."""
+    if k == 1:
+        return G
+    return mean_over(G.view(k, G.shape[0] // k, G.shape[1]), 0)
+
+
+def mean_over(G: torch.Tensor, dim: int) -> torch.Tensor:
+    """``G.mean(dim)``, its floats; over two entries one addition and a halving: torch's
+    mean sums from 0 (0 + a + b is the float a + b, but for the sign of an exact zero)
+    and divides by the count, so this is its value without its output's zero fill and
+    strided reduction (a pass over the alignment gradients, tested)."""
+    if G.shape[dim] != 2:
+        return G.mean(dim=dim)
+    return torch.add(G.select(dim, 0), G.select(dim, 1)).div_(2)
+
+
+def pair_parts(E: int, per: int) -> list[tuple[int, int]]:
+    """[a, b) ranges over E pairs of ``per`` pairs each (at least 2), the last taking a
+    single leftover pair: no part but a lone pair's own has one pair (a reduction over
+    one row splits its sum between threads, over several it does not)."""
+    per = max(2, per)
+    bounds = list(range(0, E, per)) + [E]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        del bounds[-2]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def answer(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``req`` of round t over ``ops.grads``: as shared points, in parts, for an ops that
+    takes them; else ``answer_rows``. -> (scores (E,), no losses (0,))"""
+    E = int(req.pairs.shape[0])
+    if E == 0 or not getattr(ops, "shares_points", False):
+        return answer_rows(ops, req, t)
+    rows = getattr(ops, "request_rows", None) or req.rows
+    scores = []
+    for a, b in pair_parts(E, rows // (2 * req.batches)):
+        clients, Z, salts = shared_rows(req, a, b)
+        G, _ = ops.grads(clients, Z, t, rng.ALIGN, salts)
+        scores.append(scores_from(req, G, by_pair=True))
+        del G
+    return torch.cat(scores), req.points.new_zeros(0)
+
+
+def answer_rows(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``req`` of round t as one ``grads`` request of plain rows (``rows_of``)."""
+    none = req.points.new_zeros(0)
+    if int(req.pairs.shape[0]) == 0:
+        return none.clone(), none
+    clients, Z, salts = rows_of(req)
+    G, _ = ops.grads(clients, Z, t, rng.ALIGN, salts)
+    return scores_from(req, G), none
