@@ -359,4 +359,3 @@ def main() -> None:
         app()
     except BrokenPipeError:  # e.g. `raycobo ... | head`
         sys.exit(0)
-
