@@ -286,7 +286,7 @@ def compute_plan(ops: ClientOps, plan: Plan, t: int) -> tuple[Answer | None, Ans
     to an ops that takes plain rows as one ``grads`` call (one round trip where the
     clients are remote; each row's answer does not depend on the rows beside it)."""
     a, n = plan.ahead, plan.now
-    if isinstance(a, PairScores) and isinstance(n, Gradients) and not shares_points(ops):
+    if isinstance(a, PairScores) and isinstance(n, Gradients) and not pairs.shares_points(ops):
         clients, Z, salts = pairs.rows_of(a)
         A, m = clients.numel(), n.clients.numel()
         dev = Z.device
@@ -299,11 +299,6 @@ def compute_plan(ops: ClientOps, plan: Plan, t: int) -> tuple[Answer | None, Ans
         None if a is None else compute(ops, a, t),
         None if n is None else compute(ops, n, t),
     )
-
-
-def shares_points(ops: ClientOps) -> bool:
-    """Whether ``ops`` takes ``SharedPoints`` (an optional attribute of a ClientOps)."""
-    return bool(getattr(ops, "shares_points", False))
 
 
 def run_plan(algo: PlansRounds, state: Any, t: int, ops: ClientOps) -> tuple[Any, dict]:

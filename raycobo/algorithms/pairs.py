@@ -135,15 +135,21 @@ def batch_salts(salts: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([salts + b * ALIGN_SALT_STRIDE for b in range(k)])
 
 
+def end_rows(
+    ends: torch.Tensor, points: torch.Tensor, partners: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradient rows of pair ends, batch-major (every end for minibatch 0, then for
+    1, ...): ends (m,) at ``points`` (m, d), each salted by its partner (m,) ->
+    (clients (k m,), points (k m, d), salts (k m,))."""
+    return ends.repeat(k), points.repeat(k, 1), batch_salts(partners, k)
+
+
 def rows_of(req: PairScores) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The request's gradient rows batch-major (for each minibatch all i-ends, then all
     j-ends): (clients (2kE,), points (2kE, d), salts (2kE,))."""
     i, j = req.pairs[:, 0], req.pairs[:, 1]
-    k, E = req.batches, i.numel()
-    Z = req.points.new_empty(2 * k * E, req.points.shape[1])
-    for b in range(2 * k):
-        Z[b * E : (b + 1) * E].copy_(req.points)
-    return torch.cat([i, j]).repeat(k), Z, batch_salts(torch.cat([j, i]), k)
+    both = torch.cat([i, j])
+    return end_rows(both, req.points.repeat(2, 1), torch.cat([j, i]), req.batches)
 
 
 def shared_rows(req: PairScores, a: int, b: int):
@@ -200,11 +206,16 @@ def pair_parts(E: int, per: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
+def shares_points(ops) -> bool:
+    """Whether ``ops`` takes ``SharedPoints`` (an optional attribute of a ClientOps)."""
+    return bool(getattr(ops, "shares_points", False))
+
+
 def answer(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``req`` of round t over ``ops.grads``: as shared points, in parts, for an ops that
     takes them; else ``answer_rows``. -> (scores (E,), no losses (0,))"""
     E = int(req.pairs.shape[0])
-    if E == 0 or not getattr(ops, "shares_points", False):
+    if E == 0 or not shares_points(ops):
         return answer_rows(ops, req, t)
     rows = getattr(ops, "request_rows", None) or req.rows
     scores = []

@@ -362,10 +362,7 @@ class CoBoConfig(MethodConfig):
 
     def value(self, key: str) -> Any:
         """``key`` as CoBo reads it: set, else its preset's value."""
-        have = getattr(self, key)
-        if have is None and key in PRESETS[self.preset]:
-            return PRESETS[self.preset][key]
-        return have
+        return _resolved(self, key)
 
     def effective(self) -> dict:
         """The settings with the preset's values where a key is null, and the keys that
@@ -373,7 +370,7 @@ class CoBoConfig(MethodConfig):
         out = self.model_dump(mode="json")
         for key, value in PRESETS[self.preset].items():
             if out[key] is None:
-                out[key] = value.model_dump() if isinstance(value, Section) else value
+                out[key] = value
         changed = True
         while changed:  # a key left out may leave out the keys that need it
             changed = False
@@ -421,6 +418,12 @@ class PresetView:
     def __getattr__(self, key: str):
         if key.startswith("_"):  # _cfg before it is set (unpickling), dunder look-ups
             raise AttributeError(key)
-        have = getattr(self._cfg, key)
-        preset = PRESETS[self._cfg.preset]
-        return preset[key] if have is None and key in preset else have
+        return _resolved(self._cfg, key)
+
+
+def _resolved(cfg: Any, key: str) -> Any:
+    """``cfg.key``, or where it is null its preset's value (``cfg``: CoBo's settings, or
+    a wrapper that reads them key by key)."""
+    have = getattr(cfg, key)
+    preset = PRESETS[cfg.preset]
+    return preset[key] if have is None and key in preset else have

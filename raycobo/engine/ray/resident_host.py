@@ -116,11 +116,7 @@ class ResidentHostImpl(ClientHostImpl):
         if own.numel():  # each pair row repeated per minibatch it averages
             mid = hp.points(X[own], self._rows_of(blocks, req.partners))
             batches = hp.batches
-            own, mid, salts = (
-                own.repeat(batches),
-                mid.repeat(batches, 1),
-                pairs.batch_salts(salts, batches),
-            )
+            own, mid, salts = pairs.end_rows(own, mid, salts, batches)
         else:
             mid = X[:0]
         k = own.numel()
