@@ -109,8 +109,7 @@ class PairAverage:
         edges = self.round_pairs(None, t, n)
         ahead = None
         if edges.shape[0]:
-            mid = 0.5 * (X[edges[:, 0]] + X[edges[:, 1]])
-            ahead = PairScores(edges, mid, 1, "cosine")
+            ahead = PairScores(edges, X, 1, "cosine")  # at the pairs' midpoints
         now = Gradients(torch.arange(n), X, STEP, 0)
         return Plan(t, ahead, now, {"edges": edges})
 

@@ -283,22 +283,31 @@ def compute(ops: ClientOps, request: Request, t: int) -> Answer:
 
 def compute_plan(ops: ClientOps, plan: Plan, t: int) -> tuple[Answer | None, Answer | None]:
     """A plan's ``ahead`` and ``now`` answered in round t. Pair scores and gradients go
-    to an ops that takes plain rows as one ``grads`` call (one round trip where the
-    clients are remote; each row's answer does not depend on the rows beside it)."""
+    to an ops that takes plain rows as one ``grads`` call where it holds them at once
+    (one round trip where the clients are remote; each row's answer does not depend on
+    the rows beside it)."""
     a, n = plan.ahead, plan.now
-    if isinstance(a, PairScores) and isinstance(n, Gradients) and not pairs.shares_points(ops):
-        clients, Z, salts = pairs.rows_of(a)
+    if isinstance(a, PairScores) and isinstance(n, Gradients) and _merges(ops, a, n):
+        clients, Z, salts = pairs.rows_of(a, extra=n.points)
         A, m = clients.numel(), n.clients.numel()
         dev = Z.device
         streams = torch.cat([torch.full((A,), rng.ALIGN), rng.per_row(n.stream, m).cpu()])
         salts = torch.cat([salts, rng.per_row(n.salt, m).to(salts.device)])
         rows = torch.cat([clients, n.clients])
-        G, L = ops.grads(rows, torch.cat([Z, n.points]), t, streams.to(dev), salts.to(dev))
+        G, L = ops.grads(rows, Z, t, streams.to(dev), salts.to(dev))
+        del Z  # the points go before the scores' minibatch mean is made
         return (pairs.scores_from(a, G[:A]), L[:0]), (G[A:], L[A:])
     return (
         None if a is None else compute(ops, a, t),
         None if n is None else compute(ops, n, t),
     )
+
+
+def _merges(ops: ClientOps, a: PairScores, n: Gradients) -> bool:
+    """Whether pair scores ``a`` and gradients ``n`` go to ``ops`` as one request."""
+    held = pairs.held_rows(ops)
+    fits = held is None or a.rows + n.clients.numel() <= held
+    return fits and not pairs.shares_points(ops)
 
 
 def run_plan(algo: PlansRounds, state: Any, t: int, ops: ClientOps) -> tuple[Any, dict]:

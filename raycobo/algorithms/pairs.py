@@ -4,11 +4,12 @@ minibatch of its own client's data, or the mean over ``batches`` of them.
 
 A method asks for it (``PairScores``); ``answer`` computes it over any ``ClientOps``
 from ``grads``: one request of all the rows, or, for an ops that takes ``SharedPoints``,
-each point once for its 2k rows, a part of the pairs at a time where the whole would
-exceed ``ops.request_rows`` (memory: one part's gradients, each part reduced to its
-scores before the next). Every layout gives each row the same gradient and each pair
-the same score (tested). A score is a function (G_i, G_j, floor) -> (E,) registered by
-name (``register_score``); ``floor`` is the least denominator a bounded score divides by.
+each point once for its 2k rows, ``ops.shared_part_rows`` rows at a time. An ops that
+holds at most ``ops.request_rows`` gradient rows at once (the local engine: its memory
+budget) gets a larger request in parts of the pairs, each part reduced to its scores
+before the next. Every layout gives each row the same gradient and each pair the same
+score (tested). A score is a function (G_i, G_j, floor) -> (E,) registered by name
+(``register_score``); ``floor`` is the least denominator a bounded score divides by.
 
 The draws: end i of pair (i, j) is client i's stream ALIGN salted by j (and end j by
 i), minibatch b > 0 by that salt + b * ALIGN_SALT_STRIDE, a salt no client id reaches.
@@ -17,7 +18,7 @@ i), minibatch b > 0 by that salt + b * ALIGN_SALT_STRIDE, a salt no client id re
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -27,6 +28,9 @@ ScoreFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 SCORES: dict[str, ScoreFn] = {}
 ALIGN_SALT_STRIDE = 1 << 24
 ALIGN_BATCHES_MAX = 64
+# what a round holds per pair scored besides its gradients: the pair, its key, its score
+# and the W step's temporaries
+PAIR_BYTES = 64
 
 
 def register_score(name: str) -> Callable[[ScoreFn], ScoreFn]:
@@ -74,11 +78,13 @@ def alignment_scores(
 @dataclass(frozen=True)
 class PairScores:
     """A request: the score ``score`` (a name in ``SCORES``, with ``floor``) of each pair
-    (i, j) of ``pairs`` (E, 2) from both ends' gradients at ``points`` (E, d), each the
-    mean of ``batches`` minibatches -> (scores (E,), no losses (0,))."""
+    (i, j) of ``pairs`` (E, 2) from both ends' gradients at the pair's midpoint of
+    ``models`` (n, d), each the mean of ``batches`` minibatches -> (scores (E,), no
+    losses (0,)). The midpoints are made a part of the pairs at a time (``points``), so
+    a round of many pairs holds the points and gradients of one part."""
 
     pairs: torch.Tensor
-    points: torch.Tensor
+    models: torch.Tensor
     batches: int = 1
     score: str = "inner"
     floor: float = 0.0
@@ -86,6 +92,11 @@ class PairScores:
     @property
     def rows(self) -> int:
         return 2 * self.batches * int(self.pairs.shape[0])
+
+    def points(self, a: int = 0, b: int | None = None) -> torch.Tensor:
+        """The midpoints z_ij = (x_i + x_j) / 2 of pairs [a, b), (b - a, d)."""
+        ends = self.pairs[a:b]
+        return midpoints(self.models, ends[:, 0], ends[:, 1])
 
 
 @dataclass(frozen=True)
@@ -96,9 +107,8 @@ class SharedPoints:
     ops that sets ``shares_points`` takes it as ``grads``' Z and may compute each point's
     R rows together (the local engine's MLP: one GEMM of R minibatches on one copy of the
     point, where ``materialize`` would write R copies); its answer is the same, row for
-    row, as for ``materialize()``. Such an ops may also set ``request_rows``: the rows
-    of one request it answers best, which a method splits a larger request into where
-    it can (CoBo: its alignment gradients, a part of the pairs at a time)."""
+    row, as for ``materialize()``; pair scores are asked of it in parts of its
+    ``shared_part_rows`` rows (``answer``)."""
 
     segments: tuple[tuple[torch.Tensor, int], ...]
 
@@ -136,20 +146,38 @@ def batch_salts(salts: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def end_rows(
-    ends: torch.Tensor, points: torch.Tensor, partners: torch.Tensor, k: int
+    ends: torch.Tensor,
+    points: torch.Tensor,
+    partners: torch.Tensor,
+    k: int,
+    copies: int = 1,
+    extra: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradient rows of pair ends, batch-major (every end for minibatch 0, then for
-    1, ...): ends (m,) at ``points`` (m, d), each salted by its partner (m,) ->
-    (clients (k m,), points (k m, d), salts (k m,))."""
-    return ends.repeat(k), points.repeat(k, 1), batch_salts(partners, k)
+    1, ...): ends (m,) at ``points`` (m / copies, d) -- each point the point of
+    ``copies`` ends, one block of them after another --, each end salted by its partner
+    (m,) -> (clients (k m,), points (k m + e, d), salts (k m,)), the points written
+    once, followed by ``extra`` (e, d) where given (rows of another request)."""
+    if k * copies == 1 and extra is None:
+        return ends, points, partners
+    U, R = points.shape[0], k * copies
+    Z = points.new_empty(R * U + (0 if extra is None else extra.shape[0]), points.shape[1])
+    at = torch.arange(U, device=points.device).repeat(R)
+    torch.index_select(points, 0, at, out=Z[: R * U])
+    if extra is not None:
+        Z[R * U :] = extra
+    return ends.repeat(k), Z, batch_salts(partners, k)
 
 
-def rows_of(req: PairScores) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rows_of(
+    req: PairScores, extra: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The request's gradient rows batch-major (for each minibatch all i-ends, then all
-    j-ends): (clients (2kE,), points (2kE, d), salts (2kE,))."""
+    j-ends): (clients (2kE,), points (2kE, d), salts (2kE,)); ``extra`` (e, d): points
+    of e more rows after them (``end_rows``)."""
     i, j = req.pairs[:, 0], req.pairs[:, 1]
     both = torch.cat([i, j])
-    return end_rows(both, req.points.repeat(2, 1), torch.cat([j, i]), req.batches)
+    return end_rows(both, req.points(), torch.cat([j, i]), req.batches, 2, extra)
 
 
 def shared_rows(req: PairScores, a: int, b: int):
@@ -159,7 +187,7 @@ def shared_rows(req: PairScores, a: int, b: int):
     ends = req.pairs[a:b]  # (P, 2)
     clients = ends.repeat(1, k).flatten()  # (P 2k,): i, j, i, j, ...
     salts = batch_salts(ends.flip(1).flatten(), k).view(k, -1, 2).transpose(0, 1).flatten()
-    return clients, SharedPoints(((req.points[a:b], 2 * k),)), salts
+    return clients, SharedPoints(((req.points(a, b), 2 * k),)), salts
 
 
 def scores_from(req: PairScores, G: torch.Tensor, by_pair: bool = False) -> torch.Tensor:
@@ -211,27 +239,54 @@ def shares_points(ops) -> bool:
     return bool(getattr(ops, "shares_points", False))
 
 
+def held_rows(ops) -> int | None:
+    """The gradient rows ``ops`` holds at once (its optional ``request_rows``; None: any)."""
+    return getattr(ops, "request_rows", None)
+
+
+def round_bytes(pairs: int, batches: int, d: int) -> int:
+    """What a round of ``pairs`` pair scores holds at least: the pairs, and the least part
+    of their gradients (2 pairs: 4k rows, each with its point and a temporary)."""
+    return pairs * PAIR_BYTES + 4 * 2 * 2 * batches * 3 * d
+
+
+def part(req: PairScores, a: int, b: int) -> PairScores:
+    """Pairs [a, b) of ``req`` as a request of their own."""
+    return replace(req, pairs=req.pairs[a:b])
+
+
 def answer(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``req`` of round t over ``ops.grads``: as shared points, in parts, for an ops that
     takes them; else ``answer_rows``. -> (scores (E,), no losses (0,))"""
     E = int(req.pairs.shape[0])
     if E == 0 or not shares_points(ops):
         return answer_rows(ops, req, t)
-    rows = getattr(ops, "request_rows", None) or req.rows
+    per = min(r for r in (getattr(ops, "shared_part_rows", None), held_rows(ops), req.rows) if r)
     scores = []
-    for a, b in pair_parts(E, rows // (2 * req.batches)):
+    for a, b in pair_parts(E, per // (2 * req.batches)):
         clients, Z, salts = shared_rows(req, a, b)
         G, _ = ops.grads(clients, Z, t, rng.ALIGN, salts)
         scores.append(scores_from(req, G, by_pair=True))
         del G
-    return torch.cat(scores), req.points.new_zeros(0)
+    return torch.cat(scores), req.models.new_zeros(0)
 
 
 def answer_rows(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``req`` of round t as one ``grads`` request of plain rows (``rows_of``)."""
-    none = req.points.new_zeros(0)
-    if int(req.pairs.shape[0]) == 0:
+    """``req`` of round t as plain rows (``rows_of``): one ``grads`` request, or, beyond
+    the rows ``ops`` holds at once, one per part of the pairs, each reduced to its scores
+    before the next."""
+    none = req.models.new_zeros(0)
+    E, held = int(req.pairs.shape[0]), held_rows(ops)
+    if E == 0:
         return none.clone(), none
+    if held is None or req.rows <= held:
+        return _plain_scores(ops, req, t), none
+    parts = pair_parts(E, held // (2 * req.batches))
+    return torch.cat([_plain_scores(ops, part(req, a, b), t) for a, b in parts]), none
+
+
+def _plain_scores(ops, req: PairScores, t: int) -> torch.Tensor:
     clients, Z, salts = rows_of(req)
     G, _ = ops.grads(clients, Z, t, rng.ALIGN, salts)
-    return scores_from(req, G), none
+    del Z  # the points go before the scores' minibatch mean is made
+    return scores_from(req, G)

@@ -172,6 +172,10 @@ class EdgeSampler:
         stops there: a run of millions of rounds costs only the rounds up to k)."""
         return _samples_below(dataclasses.replace(self, seed=0), float(k))
 
+    def highest_probability(self) -> float:
+        """The largest p_t of the run (a scan over its rounds)."""
+        return _highest(dataclasses.replace(self, seed=0))
+
     def sample(self, t: int) -> torch.Tensor:
         """Edges (E, 2) with i < j for round t."""
         gen = rng.generator(self.seed, rng.SAMPLER, t)
@@ -237,6 +241,11 @@ def _samples_below(sampler: EdgeSampler, k: float) -> float | None:
         if total >= k:
             return None
     return total
+
+
+@functools.lru_cache(maxsize=64)
+def _highest(sampler: EdgeSampler) -> float:
+    return max((sampler.probability(t) for t in range(sampler.rounds)), default=0.0)
 
 
 def _cumulative(sampler: EdgeSampler, t: int, floor: float = 0.0) -> float:

@@ -124,6 +124,8 @@ class _SupervisedBase:
         self.test_idx = [t.to(self.device) for t in data.test_idx]
         self.test_y = [t.to(self.device) for t in data.test_y]
         self.bf16 = execution.precision == "bf16"
+        # the gradient rows one request may hold (pair scores beyond it: in parts)
+        self.request_rows = execution.request_rows
         # TF32 tensor cores for matmuls and convolutions with tf32 only. Set both ways, since
         # the switches are process-wide: PyTorch's own default runs convolutions in TF32,
         # so "fp32" would not be fp32 on a GPU, and a tf32 run would leak into the next.
@@ -164,9 +166,8 @@ class VectorizedOps(_SupervisedBase):
         # run as one GEMM on one copy of it (``SharedPoints``)
         self.fused = self.model.loss_grad is not None and not self.bf16
         self.shares_points = self.fused
-        # a request of shared points is asked in parts of at most one call's rows where
-        # the method can (pair scores: each part reduced to scores before the next)
-        self.request_rows = self.chunk_size if self.shares_points else None
+        # pair scores of shared points are asked in parts of one call's rows
+        self.shared_part_rows = self.chunk_size if self.shares_points else None
 
     def _chunks(self, m: int):
         for a in range(0, m, self.chunk_size):

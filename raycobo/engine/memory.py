@@ -18,7 +18,10 @@ their numbers agree to float rounding (tested).
 
 The budget is ``engine.memory_gb``, else half of the memory available now (the CPU's
 ``MemAvailable``, or the GPU's free memory). Activation sizes come from one probe
-forward of the model on a single sample.
+forward of the model on a single sample. A request of more gradient rows than the budget
+holds beside one call (``request_rows``: each row's point, gradient and a temporary) is
+answered in parts where it can be: pair scores (``pairs.answer``), each part reduced to
+its scores before the next, whatever the strategy.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ BYTES = 4  # float32
 # of forward output; functional ops (relu, pooling) outside modules are not hooked
 TRAIN_FACTOR = 6.0
 EVAL_FACTOR = 3.0
+# a gradient request's rows held at once, per float of a row: its points, its gradients
+# and one temporary (the pair scores' minibatch mean or the rows' repeated points)
+REQUEST_COPIES = 3
+# the loop's parts: its rows run one at a time whatever the part, and parts of one size,
+# freed and made again each round, are reused where the heap keeps its memory
+# (``keep_freed_memory``) instead of leaving holes a larger round's rows do not fit
+LOOP_PART_ROWS = 64
 
 
 @dataclass
@@ -41,6 +51,7 @@ class Execution:
 
     strategy: str  # vmap | chunked | loop
     rows_per_call: int  # client rows in one batched training call
+    request_rows: int  # gradient rows of one request held at once (pair scores in parts)
     eval_rows: int  # client rows in one evaluation call
     eval_block: int  # test samples per evaluation call
     memory_budget_gb: float
@@ -221,6 +232,16 @@ def plan_execution(
         eval_rows = int(max(1, min(chunk_size, budget // max(per_sample * eval_block, 1))))
     check_precision(precision, channels_last, strategy, module, device)
     budget_gb = round(budget / 2**30, 3)
+    request = request_rows(budget, rows * per_row, dim)
+    if strategy == "loop":
+        request = min(request, LOOP_PART_ROWS)
     return Execution(
-        strategy, rows, eval_rows, eval_block, budget_gb, act, precision, channels_last
-    )
+        strategy, rows, max(rows, request), eval_rows, eval_block, budget_gb, act, precision,
+        channels_last,
+    )  # fmt: skip
+
+
+def request_rows(budget: int, call: float, dim: int) -> int:
+    """The gradient rows of d = ``dim`` floats that one request may hold at once beside
+    one call's activations (``call`` bytes) within ``budget`` bytes (at least 4)."""
+    return int(max(4, (budget - call) // (REQUEST_COPIES * BYTES * max(dim, 1))))

@@ -219,7 +219,9 @@ def test_a_plan_in_flight_survives_a_checkpoint(planner):
     (saved,) = policy.snapshot()["pending"]
     back = plan_from_tree(saved)
     assert isinstance(back.ahead, PairScores) and back.ahead.score == "bounded"
-    assert back.ahead.batches == 2 and back.ahead.points.shape[0] == back.keep["edges"].shape[0]
+    assert back.ahead.batches == 2 and torch.equal(back.ahead.pairs, back.keep["edges"])
+    x0 = c_ops.initial_params().expand_as(back.ahead.models)  # round 0's models: x^0
+    assert torch.equal(back.ahead.models, x0) and not torch.equal(policy.state.X, x0)
 
 
 @pytest.mark.parametrize("key", ["cobo", "fedavg-3"])

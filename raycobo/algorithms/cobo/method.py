@@ -4,6 +4,7 @@ midpoints, and the pull (``pull.py``) steps the models toward their collaborator
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -19,8 +20,8 @@ from raycobo.algorithms.cobo.score import FLOORED, initial_scale
 from raycobo.algorithms.cobo.settings import CoBoConfig, PresetView, pull_cut
 from raycobo.algorithms.cobo.wstep import Schedule, WStep, update_weights
 from raycobo.algorithms.common import FLOAT
-from raycobo.algorithms.pairs import PairScores, answer_rows, midpoints
-from raycobo.algorithms.samplers import EdgeSampler
+from raycobo.algorithms.pairs import PairScores, answer_rows, round_bytes
+from raycobo.algorithms.samplers import EdgeSampler, n_pairs
 
 
 @dataclass
@@ -121,14 +122,29 @@ class CoBo(InRows, Membership):
         return c.weights == "sparse" or (c.weights == "auto" and n > 2048 and c.domain == "box")
 
     def state_bytes(self, n: int, d: int) -> dict[str, int]:
-        """x_i, their gradients and the next x_i (and the momentum's average), and a dense
-        W (n x n) where ``weights`` makes one."""
-        out = {MODELS: 4 * n * d * 3}
+        """x_i, their gradients and the next x_i (and the momentum's average), a dense W
+        (n x n) where ``weights`` makes one, and a round's pairs at most (``pairs_at_most``;
+        an engine holds their gradients in parts)."""
+        E = self.pairs_at_most(n)
+        out = {
+            MODELS: 4 * n * d * 3,
+            f"a round's pairs, at most {E:,} (algorithm.sampling)": round_bytes(E, self.batches, d),
+        }
         if self.cfg.momentum > 0:
             out["the momentum's averages (algorithm.momentum=0)"] = 4 * n * d
         if not self.sparse_w(n):
             out["a dense W (algorithm.weights=sparse)"] = 4 * n * n * 2
         return out
+
+    def pairs_at_most(self, n: int) -> int:
+        """A bound on the pairs a round draws among n clients: every pair at the
+        sampler's highest rate (its scale-up included) and a closure proposal from each
+        client at its rate, four standard deviations above their mean. The re-checks add
+        a share of the pairs the pull reads, which W decides as the run goes (their
+        gradients, like all, are held in parts)."""
+        sampler = self.sampler(n)
+        mean = sampler.highest_probability() * n_pairs(n) + self.proposals.closure.rate * n
+        return min(n_pairs(n), math.ceil(mean + 4 * math.sqrt(mean)))
 
     # -- a round ----------------------------------------------------------------------
     def sample_edges(
@@ -150,8 +166,7 @@ class CoBo(InRows, Membership):
 
     def pair_request(self, state: CoBoState, edges: torch.Tensor) -> PairScores:
         """Eq. (1)'s scores of ``edges`` at their midpoints z_ij = (x_i + x_j) / 2."""
-        points = midpoints(state.X, edges[:, 0], edges[:, 1])
-        return PairScores(edges, points, self.batches, self.cfg.alignment, self.floor(state))
+        return PairScores(edges, state.X, self.batches, self.cfg.alignment, self.floor(state))
 
     def round(self, state: CoBoState, t: int, ops: ClientOps) -> tuple[CoBoState, dict]:
         if self.cfg.order == "models_first":

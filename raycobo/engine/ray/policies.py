@@ -258,5 +258,10 @@ def plan_from_tree(tree: dict[str, Any]) -> Plan:
     """A checkpointed plan in flight (its ``ahead`` request and ``keep``; ``now`` was
     computed in its own round)."""
     kinds = {"Gradients": Gradients, "LocalSGD": LocalSGD, "PairScores": PairScores}
+    if tree["kind"] == "PairScores" and "points" in tree["ahead"]:
+        raise ValueError(
+            "this checkpoint's pair scores in flight are kept as raycobo 0.3.0 kept them (their "
+            "points, not the models): resume it with raycobo 0.3.0"
+        )
     ahead = kinds[tree["kind"]](**tree["ahead"])
     return Plan(tree["round"], ahead, None, dict(tree["keep"]))

@@ -38,8 +38,9 @@ def test_the_scores_by_hand():
 def test_a_pair_request_asks_for_the_rows_its_scores_read():
     """A PairScores request's rows as one tensor (all i-ends, then all j-ends, per
     minibatch) and as shared points (pair by pair) ask for the same (client, salt) rows
-    at the same points, and each layout's answer reduces to the same scores; answered in
-    parts of at least two pairs, the same scores as in one."""
+    at the same points (the pairs' midpoints), and each layout's answer reduces to the
+    same scores; answered in parts of at least two pairs, shared or plain (an ops that
+    holds fewer rows than the request), the same scores as in one."""
     from raycobo.algorithms.pairs import (
         ALIGN_SALT_STRIDE,
         PairScores,
@@ -52,6 +53,7 @@ def test_a_pair_request_asks_for_the_rows_its_scores_read():
     g = torch.Generator().manual_seed(0)
     pairs, k = torch.tensor([[0, 1], [1, 4], [2, 3], [0, 4], [1, 2]]), 2
     req = PairScores(pairs, torch.randn(5, 3, generator=g), k, "cosine")
+    assert torch.equal(req.points(1, 3), (req.models[[1, 2]] + req.models[[4, 3]]) / 2)
     clients, Z, salts = rows_of(req)
     s_clients, shared, s_salts = shared_rows(req, 0, 5)
     rows = lambda c, s, Z: sorted(zip(c.tolist(), s.tolist(), Z.tolist(), strict=True))  # noqa: E731
@@ -63,8 +65,8 @@ def test_a_pair_request_asks_for_the_rows_its_scores_read():
     by_pair = scores_from(req, grad(s_clients, s_salts, shared.materialize()), by_pair=True)
     assert torch.equal(flat, by_pair)
 
-    class Ops:  # an ops that takes shared points, in requests of at most 8 rows
-        shares_points, request_rows, calls = True, 8, 0
+    class Ops:  # an ops that takes shared points, in parts of at most 8 rows
+        shares_points, shared_part_rows, calls = True, 8, 0
 
         def grads(self, c, Z, t, stream, salt):
             Ops.calls += 1
@@ -73,6 +75,16 @@ def test_a_pair_request_asks_for_the_rows_its_scores_read():
     got, losses = answer(Ops(), req, 0)
     assert Ops.calls == 2 and losses.numel() == 0  # pairs [0, 2) and [2, 5): 8 + 12 rows
     assert torch.equal(got, flat)
+
+    class Held:  # plain rows, at most 12 held at once: pairs [0, 3) and [3, 5)
+        request_rows, asked = 12, []
+
+        def grads(self, c, Z, t, stream, salt):
+            Held.asked.append(c.numel())
+            return grad(c, torch.as_tensor(salt), Z), torch.zeros(c.numel())
+
+    got, _ = answer(Held(), req, 0)
+    assert Held.asked == [12, 8] and torch.equal(got, flat)
 
 
 def test_a_new_score_is_one_part_and_one_preset(quad_cfg, tmp_path):
