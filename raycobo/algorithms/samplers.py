@@ -80,7 +80,8 @@ def bernoulli_pairs(n: int, p: float, gen: torch.Generator) -> torch.Tensor:
 
 # The sampling strategies by name: p_t for one pair in round t, from the sampler's
 # settings. A new strategy is one decorated function here (CoBo's ``algorithm.sampling``
-# accepts every registered name).
+# accepts every registered name). A rule's p_t may step up only at the switch round and
+# must not grow within a phase: the memory check reads the run's highest rate there.
 SamplingRule = Callable[["EdgeSampler", int], float]
 SAMPLINGS: dict[str, SamplingRule] = {}
 
@@ -173,8 +174,11 @@ class EdgeSampler:
         return _samples_below(dataclasses.replace(self, seed=0), float(k))
 
     def highest_probability(self) -> float:
-        """The largest p_t of the run (a scan over its rounds)."""
-        return _highest(dataclasses.replace(self, seed=0))
+        """The largest p_t of the run: the larger of the rates where a phase begins
+        (round 0 and the switch round), since every rule's p_t does not grow within a
+        phase; O(1) for any number of rounds."""
+        starts = [t for t in (0, self.switch_round()) if t < self.rounds]
+        return max((self.probability(t) for t in starts), default=0.0)
 
     def sample(self, t: int) -> torch.Tensor:
         """Edges (E, 2) with i < j for round t."""
@@ -241,11 +245,6 @@ def _samples_below(sampler: EdgeSampler, k: float) -> float | None:
         if total >= k:
             return None
     return total
-
-
-@functools.lru_cache(maxsize=64)
-def _highest(sampler: EdgeSampler) -> float:
-    return max((sampler.probability(t) for t in range(sampler.rounds)), default=0.0)
 
 
 def _cumulative(sampler: EdgeSampler, t: int, floor: float = 0.0) -> float:

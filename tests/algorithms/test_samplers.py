@@ -153,3 +153,23 @@ def test_least_samples_scales_a_short_runs_rates_up_to_its_cap():
     for t in (0, 1500, 2999):
         assert long.probability(t) == base.probability(t)
         assert torch.equal(long.sample(t), base.sample(t))
+
+
+@pytest.mark.parametrize("kind", ["constant", "time", "mixed", "mixed_sqrt", "full"])
+def test_the_highest_rate_is_a_scans_without_one(kind, monkeypatch):
+    """highest_probability reads the rates where a phase begins (round 0, the switch):
+    for every built-in rule, with a scale-up and without, the largest p_t a scan over the
+    run finds; a run of 10**12 rounds reads two rounds' rates."""
+    from raycobo.algorithms import samplers
+
+    for n, rounds, switch, least in [(8, 50, 0.2, 0.0), (80, 200, 0.5, 12.0), (4, 1, 0.5, 0.0)]:
+        for c, tc in [(1.0, 1.0), (2.0, 3.0)]:
+            s = EdgeSampler(kind, n, rounds, 0, c, tc, switch, least_samples=least)
+            scan = max(s.probability(t) for t in range(rounds))
+            assert s.highest_probability() == scan, (n, rounds, c, tc)
+    assert set(samplers.SAMPLINGS) == {"constant", "time", "mixed", "mixed_sqrt", "full"}
+    asked = []
+    rule = samplers.SAMPLINGS[kind]
+    monkeypatch.setitem(samplers.SAMPLINGS, kind, lambda s, t: asked.append(t) or rule(s, t))
+    EdgeSampler(kind, 1000, 10**12, 0).highest_probability()
+    assert 1 <= len(asked) <= 2, asked[:10]

@@ -72,8 +72,9 @@ PEAK = textwrap.dedent(
     before = rss()
     state, stats = algo.round(state, 0, ops)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    budget = ops.execution.memory_budget_gb
     print(json.dumps({"grew": peak - before, "edges": stats["edges"],
-                      "rows": ops.request_rows, "dim": ops.dim, "budget": ops.execution.memory_budget_gb}))
+                      "rows": ops.request_rows, "dim": ops.dim, "budget": budget}))
     """
 )
 
