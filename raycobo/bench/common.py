@@ -66,8 +66,13 @@ def write_rows(path: Path, rows: list) -> None:
 
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, MiB (run one measurement per process
-    for a per-measurement peak)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    for a per-measurement peak): Linux's VmHWM, where ru_maxrss would start at the peak of
+    the process that started this one (Linux keeps it across exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def rss_mb() -> float:
