@@ -127,30 +127,26 @@ def _help_config(name: str, config: str | None) -> None:
 
 def _section_help(name: str) -> None:
     """A config section's keys (``data`` with its partition's)."""
-    from raycobo.config import Config, DataConfig, PartitionConfig
+    from raycobo.config import Config, PartitionConfig
 
-    fields = Config.model_fields
     if name == "partition":
         parts = [("data.partition", PartitionConfig)]
-    elif name == "data":
-        parts = [("data", DataConfig), ("data.partition", PartitionConfig)]
     else:
-        parts = [(name, fields[name].annotation)]
-    _print_settings(f"the {name} section", parts, skip={"partition"})
+        parts = [(name, Config.model_fields[name].annotation)]
+    _print_settings(f"the {name} section", parts, skip=set())
 
 
 def _print_settings(title: str, parts: list, skip: set[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from raycobo.cli.reference import rows
+
     t = Table(title=title, title_justify="left")
-    for col in ("key", "default", "meaning"):
+    for col in ("key", "default", "range", "meaning"):
         t.add_column(col)
     for prefix, settings in parts:
-        for key, field in settings.model_fields.items():
-            if key in skip:
-                continue
-            default = field.get_default(call_default_factory=True)
-            t.add_row(f"{prefix}.{key}", repr(default), field.description or "")
+        for r in rows(prefix, settings, frozenset(skip)):
+            t.add_row(r.key, r.default, r.range, r.description)
     Console(width=120).print(t)
     raise typer.Exit(0)

@@ -61,25 +61,35 @@ from raycobo.version import __version__
 
 
 class Config(_Section):
-    name: str = "experiment"
-    seed: int = 0
-    rounds: int = Field(default=100, ge=1)
-    batch_size: int = Field(default=32, ge=1)
-    eval_every: int = Field(default=10, ge=1)
-    data: DataConfig = Field(default_factory=DataConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    # one method's settings class, chosen by algorithm.name (built-in or plugin)
-    algorithm: SerializeAsAny[MethodConfig] = Field(default_factory=CoBoConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    compare: CompareConfig = Field(default_factory=CompareConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    # elastic clients: a client whose first event is a join starts outside the system
-    schedule: list[ScheduleEvent] = Field(default_factory=list)
-
-    # folders searched for plugin modules (besides the Python path and the current
-    # directory); relative paths are resolved against the YAML file that names them
-    plugin_paths: list[str] = Field(default_factory=list)
+    name: str = Field(default="experiment", description="the run's name (its folder's)")
+    seed: int = Field(default=0, description="every random draw follows from it")
+    rounds: int = Field(default=100, ge=1, description="communication rounds")
+    batch_size: int = Field(default=32, ge=1, description="minibatch size of each client")
+    eval_every: int = Field(default=10, ge=1, description="rounds between evaluations")
+    data: DataConfig = Field(default_factory=DataConfig, description="the data section")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the model section")
+    algorithm: SerializeAsAny[MethodConfig] = Field(
+        default_factory=CoBoConfig,
+        description="one method's settings, chosen by algorithm.name (built-in or plugin)",
+    )
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="the engine")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow")
+    compare: CompareConfig = Field(
+        default_factory=CompareConfig, description="what raycobo compare runs"
+    )
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="checkpoints (resume)"
+    )
+    schedule: list[ScheduleEvent] = Field(
+        default_factory=list,
+        description="elastic clients: joins and leaves; a client whose first event is a "
+        "join starts outside the system",
+    )
+    plugin_paths: list[str] = Field(
+        default_factory=list,
+        description="folders searched for plugin modules (besides the Python path and the "
+        "current directory); relative to the YAML file that names them",
+    )
 
     @field_validator("algorithm", mode="before")
     @classmethod

@@ -101,7 +101,9 @@ class DataConfig(_Section):
     )
     augment: bool = Field(default=False, description="images: random crops and flips")
     num_samples: int | None = Field(default=None, ge=10, description="mnist1d size")
-    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    partition: PartitionConfig = Field(
+        default_factory=PartitionConfig, description="how the data is split among clients"
+    )
     dim: int = Field(default=10, ge=1, description="quadratic (CoBo Example 2): dimension")
     noise: float = Field(default=0.1, ge=0, description="quadratic: gradient noise")
     curvature: tuple[float, float] = Field(
@@ -157,19 +159,31 @@ class DataConfig(_Section):
 
 
 class ModelConfig(_Section):
-    # a built-in model, or a plugin: package.module:Net (an nn.Module) or an entry point
-    name: str = "mlp"
-    # keyword arguments of a plugin model's constructor
-    options: dict[str, Any] = Field(default_factory=dict)
-    hidden: list[int] = Field(default_factory=lambda: [64])
-    norm: Literal["group", "batch", "none"] = "group"  # resnet9
-    # causal LMs (multilingual_text): smollm2 (offline GGUF), tiny_gpt2 (random, tests),
-    # hf (any Hugging Face causal LM: model.path is a hub name or a local directory)
-    path: str | None = None
-    cache_dir: str = "~/.cache/raycobo/models"
-    lora_rank: int = Field(default=4, ge=1)
-    lora_alpha: float = Field(default=8.0, gt=0)
-    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
+    name: str = Field(
+        default="mlp",
+        description="a built-in model (mlp, cnn, resnet9, ...; causal LMs for "
+        "multilingual_text: smollm2, tiny_gpt2, hf), or a plugin: package.module:Net (an "
+        "nn.Module) or an entry point",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of a plugin model's constructor"
+    )
+    hidden: list[int] = Field(default_factory=lambda: [64], description="mlp: hidden widths")
+    norm: Literal["group", "batch", "none"] = Field(
+        default="group", description="resnet9: the normalization layers"
+    )
+    path: str | None = Field(
+        default=None,
+        description="hf: a Hugging Face hub name or a local directory of a causal LM",
+    )
+    cache_dir: str = Field(
+        default="~/.cache/raycobo/models", description="where language models are looked for"
+    )
+    lora_rank: int = Field(default=4, ge=1, description="language models: LoRA rank")
+    lora_alpha: float = Field(default=8.0, gt=0, description="language models: LoRA alpha")
+    lora_dropout: float = Field(
+        default=0.0, ge=0, lt=1, description="language models: LoRA dropout"
+    )
     lora_targets: list[str] | None = Field(default=None, description="null: attention+MLP")
 
 
@@ -182,43 +196,78 @@ class EngineConfig(_Section):
         description="the engine (raycobo.registry.ENGINES: local, loop, ray; a plugin "
         "engine as module:Object or an entry point of raycobo.engines)",
     )
-    device: str = "cpu"
+    device: str = Field(default="cpu", description="cpu, cuda or cuda:N")
     chunk_size: int = Field(default=4096, ge=1, description="max clients per batched call")
-    # how client batches execute (local engine and Ray hosts): auto (loop for conv nets on
-    # a CPU, else memory-bounded chunks), vmap (all rows at once), chunked, loop
-    strategy: Literal["auto", "vmap", "chunked", "loop"] = "auto"
-    # memory the batched calls may take (GiB); null: half of what is available
-    memory_gb: float | None = Field(default=None, gt=0)
-    # arithmetic of the clients' passes: fp32 (exact, the default), tf32 (CUDA matmuls and
-    # convolutions in TF32), bf16 (autocast; fp32 master weights, gradients and losses)
-    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
-    # conv nets on the per-client loop (engine.strategy loop): NHWC tensors for cuDNN
-    channels_last: bool = False
-    gpus_per_client: float = Field(default=0.0, ge=0)
-    # auto: sized to the Ray instance (about one host per CPU, its CPUs shared out)
-    clients_per_actor: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
-    cpus_per_actor: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
-    address: str | None = None
-    # how long joining engine.address may take (the address must answer within it)
-    connect_timeout_s: float = Field(default=30.0, gt=0)
-    threads: int | None = Field(default=None, ge=1)
-    # ray: local instance (when no address), fault tolerance, straggler injection
-    num_cpus: int | None = Field(default=None, ge=1)
+    strategy: Literal["auto", "vmap", "chunked", "loop"] = Field(
+        default="auto",
+        description="how client batches execute (local engine and Ray hosts): auto (loop "
+        "for conv nets on a CPU, else memory-bounded chunks), vmap (all rows at once), "
+        "chunked, loop",
+    )
+    memory_gb: float | None = Field(
+        default=None,
+        gt=0,
+        description="GiB the batched calls may take; null: half of what is available",
+    )
+    precision: Literal["fp32", "tf32", "bf16"] = Field(
+        default="fp32",
+        description="arithmetic of the clients' passes: fp32 (exact), tf32 (CUDA matmuls "
+        "and convolutions in TF32), bf16 (autocast; fp32 master weights, gradients, losses)",
+    )
+    channels_last: bool = Field(
+        default=False, description="conv nets on the per-client loop: NHWC tensors for cuDNN"
+    )
+    gpus_per_client: float = Field(
+        default=0.0, ge=0, description="ray: the GPU share each client's host reserves"
+    )
+    clients_per_actor: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        default="auto",
+        description="ray: clients per host actor; auto: sized to the Ray instance (about "
+        "one host per CPU)",
+    )
+    cpus_per_actor: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(
+        default="auto", description="ray: CPUs each host actor reserves; auto: shared out"
+    )
+    address: str | None = Field(
+        default=None,
+        description="a Ray cluster to join (auto, or host:port, or ray://...); null: a "
+        "local instance",
+    )
+    connect_timeout_s: float = Field(
+        default=30.0, gt=0, description="seconds joining engine.address may take"
+    )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="torch threads of the local engine and of each Ray host; null: torch's "
+        "choice locally, a Ray host its CPUs",
+    )
+    num_cpus: int | None = Field(
+        default=None, ge=1, description="CPUs of a local Ray instance; null: the machine's"
+    )
     num_gpus: float | None = Field(default=None, ge=0, description="declare (fake) GPUs")
-    dashboard: bool = False
-    timeout_s: float = Field(default=600.0, gt=0)
-    max_restarts: int = Field(default=3, ge=0)
-    # a dead host: restart it (Ray's max_restarts, same data, the round retried) or go on
-    # without its clients (they leave the run; algorithms with elastic clients)
-    on_failure: Literal["restart", "drop"] = "restart"
+    dashboard: bool = Field(default=False, description="start Ray's dashboard (local instance)")
+    timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds a wait on the Ray hosts may take before the run stops with "
+        "a line naming what it waited for",
+    )
+    max_restarts: int = Field(default=3, ge=0, description="restarts of a dead host actor")
+    on_failure: Literal["restart", "drop"] = Field(
+        default="restart",
+        description="a dead host: restart it (the same data, the round retried) or go on "
+        "without its clients (they leave the run; methods with elastic clients)",
+    )
     slow_hosts: list[int] = Field(default_factory=list, description="hosts to slow down")
     slow_seconds: float = Field(default=0.0, ge=0, description="extra seconds per gradient")
-    # how the Ray engine schedules a round (resolved once, raycobo.engine.ray.policies):
-    # sync (each round waits for its answers), stale (results a method may apply late --
-    # CoBo's alignment -- arrive up to engine.staleness rounds late), resident (the hosts
-    # keep their clients' models and W rows; only W rows, indices and scores cross the
-    # coordinator, models go host to host through the object store)
-    rounds: Literal["sync", "stale", "resident"] = "sync"
+    rounds: Literal["sync", "stale", "resident"] = Field(
+        default="sync",
+        description="how the Ray engine schedules a round: sync (each round waits for its "
+        "answers), stale (results a method may apply late, CoBo's alignment, arrive up to "
+        "engine.staleness rounds late), resident (the hosts keep their clients' models and "
+        "W rows; models go host to host through the object store)",
+    )
     staleness: int | None = Field(
         default=None,
         ge=0,
@@ -322,11 +371,19 @@ def unread_engine_keys(e: EngineConfig) -> list[str]:
 
 
 class TrackingConfig(_Section):
-    enabled: bool = True
-    uri: str = "sqlite:///mlruns.db"
-    experiment: str = "raycobo"
-    artifact_root: str = "mlartifacts"
-    heatmap_rounds: list[int] | None = None
+    enabled: bool = Field(default=True, description="log the run to MLflow")
+    uri: str = Field(
+        default="sqlite:///mlruns.db",
+        description="MLflow tracking URI (a sqlite file, or a server's http address)",
+    )
+    experiment: str = Field(default="raycobo", description="MLflow experiment name")
+    artifact_root: str = Field(
+        default="mlartifacts", description="where a new experiment's artifacts go"
+    )
+    heatmap_rounds: list[int] | None = Field(
+        default=None,
+        description="rounds whose W heatmap is logged; null: 1 %, 10 %, 50 % and 100 % of the run",
+    )
     client_series: bool = Field(
         default=False,
         description="log every client's accuracy and loss as MLflow series too (by "
@@ -335,21 +392,36 @@ class TrackingConfig(_Section):
 
 
 class CompareConfig(_Section):
-    # entries: algorithm names, or labels of ``variants``
-    algorithms: list[str] = Field(default_factory=list)
-    # per-algorithm dotted overrides, e.g. {ditto: {algorithm.lr: 0.1}}
-    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    # named variants: label -> dotted overrides (e.g. CoBo with each sampling strategy)
-    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    seeds: list[int] | None = None
-    target_accuracy: float | None = Field(default=None, gt=0, le=1)
-    heatmap_rounds: list[int] | None = None
+    algorithms: list[str] = Field(
+        default_factory=list, description="entries: method names, or labels of variants"
+    )
+    overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="per-entry dotted overrides, e.g. {ditto: {algorithm.lr: 0.1}}",
+    )
+    variants: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="named variants: label -> dotted overrides (e.g. CoBo with each "
+        "sampling strategy)",
+    )
+    seeds: list[int] | None = Field(
+        default=None, description="every entry on each seed; null: the config's seed"
+    )
+    target_accuracy: float | None = Field(
+        default=None, gt=0, le=1, description="report the round each entry first reaches it"
+    )
+    heatmap_rounds: list[int] | None = Field(
+        default=None, description="rounds of the W heatmaps in the report"
+    )
 
 
 class CheckpointConfig(_Section):
-    # rounds between checkpoints; null: at every evaluation (eval_every); 0: none. The
-    # last round is always checkpointed (unless 0), so a finished run can be extended.
-    every: int | None = Field(default=None, ge=0)
+    every: int | None = Field(
+        default=None,
+        ge=0,
+        description="rounds between checkpoints; null: at every evaluation (eval_every); "
+        "0: none. The last round is always checkpointed (unless 0)",
+    )
     keep: int = Field(default=2, ge=1, description="newest checkpoints kept")
 
 
@@ -365,9 +437,9 @@ def check_name(value: str, key: str) -> str:
 class ScheduleEvent(_Section):
     """Clients joining or leaving after ``round`` completed rounds."""
 
-    round: int = Field(ge=0)
-    join: list[int] = Field(default_factory=list)
-    leave: list[int] = Field(default_factory=list)
+    round: int = Field(ge=0, description="after this many completed rounds")
+    join: list[int] = Field(default_factory=list, description="clients that join then")
+    leave: list[int] = Field(default_factory=list, description="clients that leave then")
 
 
 @dataclass(frozen=True)

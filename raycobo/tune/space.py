@@ -67,24 +67,40 @@ class SchedulerSpec(_Strict):
     checkpoint with perturbed settings). Times are counted in *evaluations* (every
     ``eval_every`` rounds); a scheduler never cuts a trial's last evaluation short."""
 
-    kind: Literal["fifo", "asha", "hyperband", "median", "pbt"] = "fifo"
-    # asha, median: evaluations a trial runs before it may be stopped
-    grace_period: int = Field(default=1, ge=1)
-    # asha, hyperband: 1 / the share of trials kept at each rung
-    reduction_factor: float = Field(default=2.0, gt=1)
-    # asha, hyperband: the longest a trial runs, in evaluations (default: the whole run)
-    max_t: int | None = Field(default=None, ge=1)
-    # median: trials that must report before one is compared against their median
-    min_samples_required: int = Field(default=3, ge=1)
-    # pbt: evaluations between exploit/explore steps
-    perturbation_interval: int = Field(default=2, ge=1)
-    # pbt: the bottom share that copies the top share
-    quantile_fraction: float = Field(default=0.25, gt=0, le=0.5)
-    # pbt: chance that an explored value is drawn anew instead of perturbed
-    resample_probability: float = Field(default=0.25, ge=0, le=1)
-    # pbt: every trial reaches a perturbation point before any goes on (which trials
-    # continue from which then does not depend on their timing; slower)
-    synch: bool = False
+    kind: Literal["fifo", "asha", "hyperband", "median", "pbt"] = Field(
+        default="fifo", description="the trial scheduler (fifo: every trial runs to its end)"
+    )
+    grace_period: int = Field(
+        default=1, ge=1, description="asha, median: evaluations before a trial may be stopped"
+    )
+    reduction_factor: float = Field(
+        default=2.0, gt=1, description="asha, hyperband: 1 / the share kept at each rung"
+    )
+    max_t: int | None = Field(
+        default=None,
+        ge=1,
+        description="asha, hyperband: the longest a trial runs, in evaluations; null: the run",
+    )
+    min_samples_required: int = Field(
+        default=3, ge=1, description="median: trials that report before one is compared"
+    )
+    perturbation_interval: int = Field(
+        default=2, ge=1, description="pbt: evaluations between exploit/explore steps"
+    )
+    quantile_fraction: float = Field(
+        default=0.25, gt=0, le=0.5, description="pbt: the bottom share that copies the top"
+    )
+    resample_probability: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="pbt: chance an explored value is drawn anew instead of perturbed",
+    )
+    synch: bool = Field(
+        default=False,
+        description="pbt: every trial reaches a perturbation point before any goes on "
+        "(which trial continues from which then does not depend on timing; slower)",
+    )
 
     @model_validator(mode="after")
     def _keys_of_its_kind(self) -> SchedulerSpec:
@@ -98,43 +114,70 @@ class SchedulerSpec(_Strict):
 
 
 class ResourceSpec(_Strict):
-    cpu: float = Field(default=1.0, ge=0)
-    gpu: float = Field(default=0.0, ge=0)
+    cpu: float = Field(default=1.0, ge=0, description="CPUs each trial reserves")
+    gpu: float = Field(default=0.0, ge=0, description="GPUs (a share) each trial reserves")
 
 
 class SmokeSpec(_Strict):
-    rounds: int = Field(default=20, ge=1)
-    num_samples: int = Field(default=2, ge=1)
-    eval_every: int | None = Field(default=None, ge=1)
+    rounds: int = Field(default=20, ge=1, description="--smoke: rounds of each trial")
+    num_samples: int = Field(default=2, ge=1, description="--smoke: trials")
+    eval_every: int | None = Field(
+        default=None, ge=1, description="--smoke: rounds between evaluations"
+    )
 
 
 class SweepSpec(_Strict):
-    base: str | dict[str, Any] | None = None
-    overrides: dict[str, Any] = Field(default_factory=dict)
-    space: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """A sweep file: a base config, the space searched over and how trials run."""
+
+    base: str | dict[str, Any] | None = Field(
+        default=None, description="the experiment YAML (relative to this file) or a mapping"
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="dotted keys set on the base for every trial"
+    )
+    space: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="dotted key -> one distribution: choice, grid, uniform, loguniform, "
+        "randint, quniform",
+    )
     # what a trial reports to Tune (sweep.REPORTED): a name outside it would be NaN in
     # every trial, so it is refused before anything runs
-    metric: Literal["mean_accuracy", "mean_loss", "w_within", "w_across"] = "mean_accuracy"
-    mode: Literal["min", "max"] = "max"
-    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
-    # random and grid: Tune's own generator (grid keys expanded, the others sampled);
-    # optuna, hyperopt: model-based search (pip install 'raycobo[tune-search]'), which
-    # sample every key ('grid' is refused there: use 'choice')
-    search: Literal["random", "grid", "optuna", "hyperopt"] = "random"
-    # what trials are scored on: each client's validation part (held out of its training
-    # data, data.validation_fraction or 0.2), after which the best configuration runs
-    # once on the test split (the sweep's reported result); or 'test', choosing on the
-    # numbers then reported (marked so in every output)
-    evaluate_on: Literal["validation", "test"] = "validation"
-    num_samples: int = Field(default=4, ge=1)
-    max_concurrent: int | None = Field(default=None, ge=1)
-    resources: ResourceSpec = Field(default_factory=ResourceSpec)
-    smoke: SmokeSpec = Field(default_factory=SmokeSpec)
-    name: str | None = None
-    # a failed trial is retried from its last checkpoint this many times
-    max_failures: int = Field(default=2, ge=0)
-    # a bound on the whole sweep (seconds); trials still running then are stopped
-    time_budget_s: float | None = Field(default=None, gt=0)
+    metric: Literal["mean_accuracy", "mean_loss", "w_within", "w_across"] = Field(
+        default="mean_accuracy", description="what trials are ranked by"
+    )
+    mode: Literal["min", "max"] = Field(default="max", description="the better direction")
+    scheduler: SchedulerSpec = Field(
+        default_factory=SchedulerSpec, description="early stopping of trials"
+    )
+    search: Literal["random", "grid", "optuna", "hyperopt"] = Field(
+        default="random",
+        description="random and grid: Tune's own generator (grid keys expanded, the others "
+        "sampled); optuna, hyperopt: model-based search (pip install "
+        "'raycobo[tune-search]'), which sample every key ('grid' is refused there)",
+    )
+    evaluate_on: Literal["validation", "test"] = Field(
+        default="validation",
+        description="what trials are scored on: each client's validation part, after which "
+        "the best configuration runs once on the test split (the sweep's reported result); "
+        "or test, choosing on the numbers then reported (marked so in every output)",
+    )
+    num_samples: int = Field(default=4, ge=1, description="trials (each grid point's)")
+    max_concurrent: int | None = Field(
+        default=None, ge=1, description="trials at once; null: as the resources allow"
+    )
+    resources: ResourceSpec = Field(
+        default_factory=ResourceSpec, description="what each trial reserves"
+    )
+    smoke: SmokeSpec = Field(default_factory=SmokeSpec, description="what --smoke runs")
+    name: str | None = Field(
+        default=None, description="the sweep's folder; null: the base's name + -sweep"
+    )
+    max_failures: int = Field(
+        default=2, ge=0, description="retries of a failed trial from its last checkpoint"
+    )
+    time_budget_s: float | None = Field(
+        default=None, gt=0, description="seconds for the whole sweep; trials then running stop"
+    )
 
 
 def _bounds_values(key: str, dist: dict[str, Any]) -> list[Any]:
