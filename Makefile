@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick fidelity-ablation regimes regimes-quick
+.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick fidelity-ablation regimes regimes-quick docs docs-serve
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,20 @@ $(STAMP): pyproject.toml constraints.txt | $(PY)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The documentation site (docs/, mkdocs.yml) into site/: --strict, so a broken link, a
+# missing page or a docstring mkdocstrings cannot read fails the build; CI builds it.
+DOCS_STAMP := $(VENV)/.docs-installed
+DOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true
+$(DOCS_STAMP): $(STAMP)
+	$(PIP) install -q -c constraints.txt -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(DOCS_STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 # The offline language model of examples/llm_lora_4lang.yaml: SmolLM2-135M (GGUF).
 llm: install
@@ -98,4 +112,4 @@ regimes-quick: install
 	$(PY) benchmarks/regimes/report.py --split test --entries cobo,paper --out runs/regimes-quick
 
 clean:
-	rm -rf $(VENV) runs mlruns.db mlartifacts .pytest_cache
+	rm -rf $(VENV) runs mlruns.db mlartifacts .pytest_cache site

@@ -1,4 +1,4 @@
-"""The house rules the README's "Design" section states, checked on the source: imports
+"""The house rules docs/explanation/architecture.md states, checked on the source: imports
 point downward only, rooms stay small, one mode is one object."""
 
 from __future__ import annotations

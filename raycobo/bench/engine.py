@@ -217,7 +217,7 @@ def _row(model: str, n: int, engine: str, r: dict, loop_r: dict, threads: int) -
 
 
 def as_markdown(rows: list[EngineRow]) -> str:
-    """The README's table: one line per (model, n, algorithm)."""
+    """The throughput table (docs/explanation/throughput.md): one line per (model, n, algorithm)."""
     lines = [
         "| model | n | algorithm | local (strategy) ms/round | loop ms/round | local/loop speed | "
         "peak MiB local / loop | GFLOP/round | share of limit |",

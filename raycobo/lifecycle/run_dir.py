@@ -1,5 +1,5 @@
-"""The run directory: one writer, crash-safe files, checkpoints (the contract in README
-"Run directory" and "Long runs").
+"""The run directory: one writer, crash-safe files, checkpoints (the contract in
+docs/reference/run-directory.md and docs/howto/long-runs.md).
 
 - ``config.yaml``        the fully resolved config (written first)
 - ``summary.json``       ``status: running`` from the start, then replaced atomically by the

@@ -76,8 +76,8 @@ register_preset(
     init="independent",
     order="models_first",
 )
-# chosen on the regime matrix's validation data (benchmarks/regimes, README "CoBo's
-# defaults"; how each value was found: benchmarks/regimes/LOG.md)
+# chosen on the regime matrix's validation data (benchmarks/regimes,
+# docs/explanation/cobo.md; how each value was found: benchmarks/regimes/LOG.md)
 register_preset(
     "raycobo",
     base="paper",
