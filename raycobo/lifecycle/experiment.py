@@ -74,6 +74,9 @@ def resume_config(
     return with_overrides(cfg, over) if over else cfg
 
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class _Signals:
     """In the main thread, SIGTERM raises :class:`Terminated` (like Ctrl-C's
     KeyboardInterrupt) so the run ends through its interrupted path; ``deferred()`` holds
@@ -110,6 +113,27 @@ class _Signals:
         finally:
             signal.signal(signal.SIGINT, held[0])
             signal.signal(signal.SIGTERM, held[1])
+
+    @contextlib.contextmanager
+    def held(self):
+        """A signal that arrives inside ends the run once the block is done (a round's
+        count and its rows.csv row are written together), not in its middle."""
+        if not self.main:
+            yield
+            return
+        got: list[int] = []
+        kept = {s: signal.signal(s, lambda n, _f: got.append(n)) for s in SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in kept.items():
+                signal.signal(s, handler)
+        if got:
+            handler = kept[got[0]]
+            if callable(handler):
+                handler(got[0], None)  # ours raises Terminated, Python's KeyboardInterrupt
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(got[0])
 
 
 def run_experiment(
@@ -161,7 +185,7 @@ def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals
         for cb in callbacks:
             cb.on_run_start(ctx)
         rs = _restore_or_start(cfg, session, found, start_from)
-        loop = Loop(cfg, session, task, ctx, rs, writer, callbacks, start)
+        loop = Loop(cfg, session, task, ctx, rs, writer, callbacks, start, signals.held)
         if not rs.history:  # a new run (or one resumed before its first checkpoint)
             loop.first_evaluation()
         if progress is not None:

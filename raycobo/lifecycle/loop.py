@@ -6,6 +6,7 @@ engine it has. What a checkpoint holds is the RunState plus the session's snapsh
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -168,9 +169,11 @@ class Loop:
         writer: RunDir,
         callbacks: list,
         start: float,
+        held=contextlib.nullcontext,
     ):
         self.cfg, self.session, self.task, self.ctx, self.rs = cfg, session, task, ctx, rs
         self.writer, self.callbacks, self.start = writer, callbacks, start
+        self.held = held  # a block a signal does not cut (experiment._Signals.held)
         self.evals = eval_rounds(cfg.rounds, cfg.eval_every)
         self.snap_at = set(heatmap_rounds(cfg))
         self.ckpt_at = cfg.checkpoint_rounds()
@@ -204,11 +207,13 @@ class Loop:
         r = t + 1
         if not all(math.isfinite(v) for v in stats.values()):
             raise FloatingPointError(f"non-finite training statistics at round {r}: {stats}")
-        rs.round = r
-        if "bytes_sent" in stats:
-            rs.bytes_sent = (rs.bytes_sent or 0.0) + stats["bytes_sent"]
-        watch_divergence(rs, r, stats.get("train_loss"))
-        for cb in (self.writer, *self.callbacks):
+        with self.held():  # the round's count and its rounds.csv row, together
+            rs.round = r
+            if "bytes_sent" in stats:
+                rs.bytes_sent = (rs.bytes_sent or 0.0) + stats["bytes_sent"]
+            watch_divergence(rs, r, stats.get("train_loss"))
+            self.writer.on_round_end(ctx, r, stats)
+        for cb in self.callbacks:
             cb.on_round_end(ctx, r, stats)
         if r in self.snap_at:
             W = session.collaboration()

@@ -630,3 +630,29 @@ def test_a_new_run_refused_as_it_starts_leaves_no_run_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     res = cli("run", quick, missing, "--out", tmp_path / "empty", "-q", "--no-tracking")
     assert res.exit_code == 2 and list((tmp_path / "empty").iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_between_a_rounds_count_and_its_row_waits_for_the_row(
+    tmp_path, quad_cfg, monkeypatch, sig
+):
+    """A signal that lands after the loop counted round r but before rounds.csv has its
+    row (a race CI met once: last_round 62, the last row 61) ends the run once the row is
+    written: the summary's last_round and rounds.csv agree."""
+    from raycobo.lifecycle.run_dir import RunDir
+
+    write = RunDir.on_round_end
+
+    def signalled(self, ctx, r, stats):
+        if r == 7:
+            os.kill(os.getpid(), sig)  # delivered here, inside the round's record-keeping
+        write(self, ctx, r, stats)
+
+    monkeypatch.setattr(RunDir, "on_round_end", signalled)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        run_experiment(quad_cfg("rounds=20"), tmp_path / "cut")
+    assert isinstance(caught.value, Terminated) == (sig == signal.SIGTERM)
+    summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    rows = (tmp_path / "cut" / "rounds.csv").read_text().splitlines()
+    assert summary["status"] == "interrupted" and summary["last_round"] == 7
+    assert int(rows[-1].split(",")[0]) == 7 and len(rows) == 8
