@@ -649,8 +649,13 @@ def test_a_signal_between_a_rounds_count_and_its_row_waits_for_the_row(
         write(self, ctx, r, stats)
 
     monkeypatch.setattr(RunDir, "on_round_end", signalled)
-    with pytest.raises(KeyboardInterrupt) as caught:
-        run_experiment(quad_cfg("rounds=20"), tmp_path / "cut")
+    # Python's own SIGINT handler, whatever an earlier test in this process left there
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            run_experiment(quad_cfg("rounds=20"), tmp_path / "cut")
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert isinstance(caught.value, Terminated) == (sig == signal.SIGTERM)
     summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
     rows = (tmp_path / "cut" / "rounds.csv").read_text().splitlines()
