@@ -59,19 +59,16 @@ def test_the_loops_parts_give_one_requests_numbers(digits_cfg):
 PEAK = textwrap.dedent(
     """
     import json, sys
+    from raycobo.bench.common import peak_rss_mb, rss_mb  # VmHWM: not pytest's peak
     from raycobo.config import load_config
     from tests.helpers import build, DIGITS
-
-    def status(key):  # VmHWM: ru_maxrss would start at the peak of the pytest process
-        with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) for l in f if l.startswith(key)) * 1024
 
     cfg = load_config(None, DIGITS + sys.argv[1:])
     data, ops, algo = build(cfg)
     state = algo.init(ops)
-    before = status("VmRSS")
+    before = rss_mb() * 2**20
     state, stats = algo.round(state, 0, ops)
-    peak = status("VmHWM")
+    peak = peak_rss_mb() * 2**20
     budget = ops.execution.memory_budget_gb
     print(json.dumps({"grew": peak - before, "edges": stats["edges"],
                       "rows": ops.request_rows, "dim": ops.dim, "budget": budget}))
