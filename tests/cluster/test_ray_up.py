@@ -119,9 +119,9 @@ SWEEP_SPACE = {
     "name": "two-hosts",
     "base": {
         "name": "digits-sweep",
-        "rounds": 150,
-        "eval_every": 10,
-        "checkpoint": {"every": 10},
+        "rounds": 300,
+        "eval_every": 20,
+        "checkpoint": {"every": 20},
         "data": {"name": "digits", "fraction": 0.3, "partition": {"num_clusters": 2}},
         "model": {"hidden": [16]},
         "algorithm": {"name": "cobo"},
@@ -129,7 +129,7 @@ SWEEP_SPACE = {
     "space": {"algorithm.rho": {"grid": [0.5, 1.0, 2.0, 4.0]}},
     "metric": "mean_accuracy",
     "mode": "max",
-    # ASHA's first rung after the worker host is lost (round 50): trials end completed
+    # ASHA's first rung (round 100) after the worker host is lost: trials end completed
     # or stopped, never failed
     "scheduler": {"kind": "asha", "grace_period": 5, "reduction_factor": 2},
     "num_samples": 1,
@@ -146,6 +146,26 @@ def _active_nodes(status: str) -> int:
             section = status.split(heading, 1)[1].split("Pending:", 1)[0]
             return sum(int(w.split()[0]) for w in section.splitlines() if w.strip()[:1].isdigit())
     return 0
+
+
+def _rounds_run(trial_dir: Path) -> int | None:
+    """The last round in a trial's rounds.csv, as its process writes it (the hosts share
+    the file system)."""
+    path = trial_dir / "run" / "rounds.csv"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    last = lines[-1].split(",", 1)[0] if len(lines) > 1 else ""
+    return int(last) if last.isdigit() else None
+
+
+def _trials_running_in(ns: str) -> set[str]:
+    """The trial folders' names that processes of a host work in: Tune runs a trial with
+    its working directory named as the trial's folder. (Tune's result.json in the sweep's
+    folder is the driver's copy, synced now and then: it can lag a trial by many reports.)"""
+    names = set()
+    for pid in netns_hosts.namespace_pids(ns):
+        with contextlib.suppress(OSError):
+            names.add(Path(os.readlink(f"/proc/{pid}/cwd")).name)
+    return names
 
 
 def _result_nodes(trial_dir: Path) -> list[str]:
@@ -325,16 +345,21 @@ def _sweep_losing_the_worker(path: Path, env, net, head_home: Path, client) -> d
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
-    worker, lost = net.ips[0], None
+    worker, lost, seen = net.ips[0], None, {}
     try:
         deadline = time.monotonic() + 300
         while lost is None:
             assert proc.poll() is None, proc.stdout.read()[-4000:]
-            assert time.monotonic() < deadline, "no trial reported from the worker host"
+            assert time.monotonic() < deadline, f"no trial caught running on the worker: {seen}"
+            running = _trials_running_in(net.names[0])
             for trial_dir in sorted((sweep_dir / "tune").glob("trial_*")):
-                if worker in _result_nodes(trial_dir):
-                    lost = trial_dir
-            time.sleep(0.5)
+                done = _rounds_run(trial_dir)
+                seen[trial_dir.name] = (trial_dir.name in running, done)
+                # on the worker, past its checkpoint at round 20 (reported: the run is at
+                # the next evaluation's rounds) and well before its first rung (100)
+                if trial_dir.name in running and done is not None and 30 <= done <= 70:
+                    lost, lost_at = trial_dir, done
+            time.sleep(0.1)
         killed_at = time.monotonic() - t0
         for ns in net.names:  # the machine lost, sshd too: the autoscaler cannot revive it
             netns_hosts.kill_namespace_processes(ns)
@@ -349,8 +374,11 @@ def _sweep_losing_the_worker(path: Path, env, net, head_home: Path, client) -> d
     assert summary["completed"] >= 1 and summary["failed"] == 0
     assert summary["test"]["mean_accuracy"] is not None  # the best values run once on test
     reported = _result_nodes(lost)
+    run = json.loads((lost / "run" / "summary.json").read_text())
+    what = f"killed at round {lost_at}; {reported}; its run: {run}\n{output[-3000:]}"
     # the lost trial: results from the worker, then (retried from its checkpoint) the head
-    assert reported[0] == worker and reported[-1] == net.head_ip, reported
+    assert reported[0] == worker and reported[-1] == net.head_ip, what
+    assert 20 <= run["resumed_from_round"] < 100, what  # from a checkpoint of the worker's
     assert {t["node"] for t in trials} <= {worker, net.head_ip}
     runs = client.search_runs(
         experiment_ids=[client.get_run(summary["mlflow_parent_run_id"]).info.experiment_id],
