@@ -24,6 +24,7 @@ from raycobo.algorithms.fedamp import FedAMP, FedAMPConfig
 from raycobo.algorithms.fedavg import FedAvg, FedAvgConfig
 from raycobo.algorithms.fedavg_ft import FedAvgFT, FedAvgFTConfig
 from raycobo.algorithms.federico import FedeRiCo, FedeRiCoConfig
+from raycobo.algorithms.fedfomo import FedFomo, FedFomoConfig
 from raycobo.algorithms.fedsep import FedSep, FedSepConfig
 from raycobo.algorithms.fedsep_hetero import FedSepHetero, FedSepHeteroConfig
 from raycobo.algorithms.ifca import IFCA, IFCAConfig
@@ -61,6 +62,7 @@ METHODS: dict[str, Method] = {
     "countsketch": Method(CountSketchFL, CountSketchConfig),
     "validation_based": Method(ValidationBased, ValidationConfig),
     "fedamp": Method(FedAMP, FedAMPConfig),
+    "fedfomo": Method(FedFomo, FedFomoConfig),
 }
 ALGORITHMS: dict[str, Callable[[Any, int, int], Algorithm]] = {
     name: m.build for name, m in METHODS.items()
