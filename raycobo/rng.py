@@ -30,6 +30,7 @@ FT = 9
 VAL = 10  # draws from the held-out validation part of a client's data
 RECHECK = 11  # CoBo's re-sampling of the pairs its pull reads
 CLOSURE = 12  # CoBo's proposals of a collaborator's collaborator
+ADAPT = 13  # FedALA's learning of its aggregation weights
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

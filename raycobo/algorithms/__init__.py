@@ -20,6 +20,7 @@ from raycobo.algorithms.cobo import CoBo, CoBoConfig
 from raycobo.algorithms.countsketch import CountSketchConfig, CountSketchFL
 from raycobo.algorithms.ditto import Ditto, DittoConfig
 from raycobo.algorithms.fc import FCConfig, FederatedClustering
+from raycobo.algorithms.fedala import FedALA, FedALAConfig
 from raycobo.algorithms.fedamp import FedAMP, FedAMPConfig
 from raycobo.algorithms.fedavg import FedAvg, FedAvgConfig
 from raycobo.algorithms.fedavg_ft import FedAvgFT, FedAvgFTConfig
@@ -63,6 +64,7 @@ METHODS: dict[str, Method] = {
     "validation_based": Method(ValidationBased, ValidationConfig),
     "fedamp": Method(FedAMP, FedAMPConfig),
     "fedfomo": Method(FedFomo, FedFomoConfig),
+    "fedala": Method(FedALA, FedALAConfig),
 }
 ALGORITHMS: dict[str, Callable[[Any, int, int], Algorithm]] = {
     name: m.build for name, m in METHODS.items()
