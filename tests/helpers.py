@@ -31,6 +31,7 @@ CHARACTERISTIC = {
     "fedavg_ft": ["algorithm.ft_steps=2"],
     "l2c": ["algorithm.prune_round=1"],
     "meta_l2c": ["algorithm.prune_round=1"],
+    "apple": ["algorithm.mu_rounds=1.0"],  # mu's decay spans the few rounds run
 }
 
 # settings that make each algorithm do its characteristic work within a few rounds

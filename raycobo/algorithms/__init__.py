@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from raycobo.algorithms.apple import APPLE, APPLEConfig
 from raycobo.algorithms.base import Algorithm, ClientOps, Evaluation, evaluate
 from raycobo.algorithms.cobo import CoBo, CoBoConfig
 from raycobo.algorithms.countsketch import CountSketchConfig, CountSketchFL
@@ -65,6 +66,7 @@ METHODS: dict[str, Method] = {
     "fedamp": Method(FedAMP, FedAMPConfig),
     "fedfomo": Method(FedFomo, FedFomoConfig),
     "fedala": Method(FedALA, FedALAConfig),
+    "apple": Method(APPLE, APPLEConfig),
 }
 ALGORITHMS: dict[str, Callable[[Any, int, int], Algorithm]] = {
     name: m.build for name, m in METHODS.items()
