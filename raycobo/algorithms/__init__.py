@@ -34,6 +34,7 @@ from raycobo.algorithms.l2c import L2C, L2CConfig
 from raycobo.algorithms.local import Local, LocalConfig
 from raycobo.algorithms.meta_l2c import MetaL2CConfig, meta_l2c
 from raycobo.algorithms.oracle import Oracle, OracleConfig
+from raycobo.algorithms.pfedgraph import PFedGraph, PFedGraphConfig
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.algorithms.topk_ef import TopKConfig, TopKEF
 from raycobo.algorithms.validation import ValidationBased, ValidationConfig
@@ -67,6 +68,7 @@ METHODS: dict[str, Method] = {
     "fedfomo": Method(FedFomo, FedFomoConfig),
     "fedala": Method(FedALA, FedALAConfig),
     "apple": Method(APPLE, APPLEConfig),
+    "pfedgraph": Method(PFedGraph, PFedGraphConfig),
 }
 ALGORITHMS: dict[str, Callable[[Any, int, int], Algorithm]] = {
     name: m.build for name, m in METHODS.items()
