@@ -43,23 +43,17 @@ from pydantic import Field
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
 from raycobo.algorithms.common import FLOAT, local_sgd, sample_clients, weighted_average
-from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
+from raycobo.algorithms.settings import ClientSampling, EpochLocalTraining, MethodConfig
 
 # the first adaptation's end (the authors' code's threshold and window), and a bound
 CONVERGED_STD, WINDOW, FIRST_PASSES_MAX = 0.1, 10, 100
 
 
-class FedALAConfig(LocalTraining, ClientSampling, MethodConfig):
+class FedALAConfig(EpochLocalTraining, ClientSampling, MethodConfig):
     """FedALA (Zhang et al. 2023): FedAvg, each client taking in the global model's top
     layers element-wise as much as its own data says."""
 
     name: Literal["fedala"] = "fedala"
-    local_steps: int = Field(
-        default=5,
-        ge=1,
-        description="local SGD steps per round (5: about the authors' one epoch on the "
-        "quickstart's clients; with 1 the models hardly move apart and W hardly learns)",
-    )
     ala_layers: int = Field(
         default=2, ge=1, description="p: the top parameter tensors the weights adapt"
     )

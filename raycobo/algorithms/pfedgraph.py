@@ -42,22 +42,16 @@ from pydantic import Field
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
 from raycobo.algorithms.common import FLOAT, sample_clients
-from raycobo.algorithms.settings import ClientSampling, LocalTraining, MethodConfig
+from raycobo.algorithms.settings import ClientSampling, EpochLocalTraining, MethodConfig
 
 SATURATED = -0.9  # dissimilarities below it count as -1 (the code's)
 
 
-class PFedGraphConfig(LocalTraining, ClientSampling, MethodConfig):
+class PFedGraphConfig(EpochLocalTraining, ClientSampling, MethodConfig):
     """pFedGraph (Ye et al. 2023): each client's model a mix of the others' over a graph
     learned from the similarity of their changes."""
 
     name: Literal["pfedgraph"] = "pfedgraph"
-    local_steps: int = Field(
-        default=5,
-        ge=1,
-        description="local SGD steps per round (5, as for FedALA: with 1 the first rounds' "
-        "changes are too alike across clusters and the graph merges them for good)",
-    )
     alpha: float = Field(
         default=0.8, gt=0, description="alpha: how near each graph row stays to the sample shares"
     )

@@ -45,6 +45,18 @@ class LocalTraining(Section):
     local_steps: int = Field(default=1, ge=1, description="local SGD steps per round")
 
 
+class EpochLocalTraining(Section):
+    """LocalTraining for a method that learns from how far the clients' models move apart
+    in a round (FedALA, pFedGraph): after a single step they hardly do."""
+
+    local_steps: int = Field(
+        default=5,
+        ge=1,
+        description="local SGD steps per round (5: about one epoch of the quickstart's "
+        "clients; the method reads how far a round moves the models apart)",
+    )
+
+
 class ClientSampling(Section):
     client_rate: float = Field(
         default=1.0, gt=0, le=1, description="share of clients taking part in a round"
