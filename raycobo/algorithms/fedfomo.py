@@ -97,12 +97,12 @@ def pick_peers(
     clients other than itself (all of them when fewer), each pick exploring (a uniform
     draw among the rest) with probability ``epsilon``, else the rest's highest in P
     (ties broken by a random order, as the official code's). -> (m, count) client ids"""
-    m, n = rows.numel(), P.shape[0]
+    m, n, ids = rows.numel(), P.shape[0], rows.cpu()
     count = min(count, n - 1)
     taken = torch.zeros(m, n, dtype=torch.bool)
-    taken[torch.arange(m), rows.cpu()] = True
-    order = rng.uniform(seed, rng.SAMPLER, t, rows.cpu()[:, None], torch.arange(n), 0xF0)
-    explore = rng.uniform(seed, rng.SAMPLER, t, rows.cpu()[:, None], torch.arange(count), 0xF1)
+    taken[torch.arange(m), ids] = True
+    order = rng.uniform(seed, rng.SAMPLER, t, ids[:, None], torch.arange(n), 0xF0)
+    explore = rng.uniform(seed, rng.SAMPLER, t, ids[:, None], torch.arange(count), 0xF1)
     affinity = P[rows].cpu().to(torch.float64)
     picks = []
     for k in range(count):

@@ -12,7 +12,7 @@ Delta_j) (those below -0.9 set to -1, as in the code), and for each client the g
     a_i = argmin over the probability simplex of  sum_j D_ij a_j + alpha ||a - p||^2,
 
 p the participants' shares of the training samples: the Euclidean projection of
-p - D_i / (2 alpha) onto the simplex (``simplex_row``). Client i's next model is
+p - D_i / (2 alpha) onto the simplex (``projections.project_simplex``). Client i's next model is
 sum_j a_ij theta_j and its next local training adds a term in a_i = sum_j a_ij theta_j /
 ||theta_j||, the direction of its neighbours' models:
 
@@ -42,6 +42,7 @@ from pydantic import Field
 from raycobo import rng
 from raycobo.algorithms.base import ClientOps
 from raycobo.algorithms.common import FLOAT, sample_clients
+from raycobo.algorithms.projections import project_simplex
 from raycobo.algorithms.settings import ClientSampling, EpochLocalTraining, MethodConfig
 
 SATURATED = -0.9  # dissimilarities below it count as -1 (the code's)
@@ -73,23 +74,12 @@ class PFedGraphState:
     direction: torch.Tensor  # (n, d) a_i, the neighbours' direction (zeros: none yet)
 
 
-def simplex_row(v: torch.Tensor) -> torch.Tensor:
-    """The Euclidean projection of each row of v (m, k) onto the probability simplex
-    (sort, the largest shift keeping a positive part, clip)."""
-    u = torch.sort(v, dim=1, descending=True).values
-    cum = u.cumsum(1) - 1.0
-    k = torch.arange(1, v.shape[1] + 1, dtype=v.dtype, device=v.device)
-    rho = (u - cum / k > 0).sum(1, keepdim=True)  # how many entries stay positive
-    shift = cum.gather(1, rho - 1) / rho.to(v.dtype)
-    return (v - shift).clamp(min=0.0)
-
-
 def graph_rows(Y: torch.Tensor, x0: torch.Tensor, shares: torch.Tensor, alpha: float):
     """The participants' graph rows from their trained models Y (m, d). -> (m, m)"""
     unit = torch.nn.functional.normalize(Y - x0, dim=1)
     D = -(unit @ unit.T)
     D = torch.where(D < SATURATED, torch.full_like(D, -1.0), D)
-    return simplex_row(shares[None, :].to(Y.dtype) - D / (2.0 * alpha))
+    return project_simplex(shares[None, :].to(Y.dtype) - D / (2.0 * alpha))
 
 
 def graph_term_grad(theta: torch.Tensor, a: torch.Tensor, cfg: PFedGraphConfig):

@@ -1,4 +1,5 @@
-"""Euclidean projections onto the domains of CoBo's collaboration weights."""
+"""Euclidean projections onto the domains of collaboration weights (CoBo's W,
+pFedGraph's graph rows)."""
 
 from __future__ import annotations
 
