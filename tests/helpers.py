@@ -86,6 +86,14 @@ def build(cfg, data=None, rounds: int | None = None):
     return data, ops, build_algorithm(cfg.algorithm, rounds or cfg.rounds, cfg.seed)
 
 
+def trained_losses(cfg, rounds: int):
+    """A config's method run ``rounds`` rounds on its own engine kind.
+    -> (ops, the state, every client's test loss (n,))"""
+    _, ops, algo = build(cfg)
+    state = run_rounds(algo, ops, rounds)
+    return ops, state, ops.evaluate(torch.arange(ops.n_clients), algo.eval_params(state)).loss
+
+
 def on_engines(cfg, rounds: int, kinds=("local", "loop")):
     """Run ``cfg`` for ``rounds`` on each engine kind over the same data.
 

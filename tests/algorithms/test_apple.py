@@ -9,7 +9,7 @@ import torch
 
 from raycobo import rng
 from raycobo.algorithms.apple import APPLEConfig, APPLEState, mu_at
-from tests.helpers import build, run_rounds
+from tests.helpers import build, trained_losses
 
 
 def test_mu_decays_to_zero_over_its_share_of_the_rounds():
@@ -67,8 +67,9 @@ def test_the_relationships_tell_the_quadratic_clusters_apart(quad_cfg):
     relationships: after 50 rounds every client's row of P is nearer each of its cluster's
     rows than any other cluster's, and its loss is below FedAvg's mean."""
     partition = ["data.partition.num_clusters=2", "data.partition.clients_per_cluster=4"]
-    _, ops, algo = build(quad_cfg("algorithm.name=apple", "rounds=50", *partition))
-    state = run_rounds(algo, ops, 50)
+    ops, state, apple = trained_losses(
+        quad_cfg("algorithm.name=apple", "rounds=50", *partition), 50
+    )
     cl = torch.as_tensor(ops.clusters)
     eye = torch.eye(8, dtype=torch.bool)
     same = (cl[:, None] == cl[None, :]) & ~eye
@@ -76,8 +77,5 @@ def test_the_relationships_tell_the_quadratic_clusters_apart(quad_cfg):
     farthest_inside = D.masked_fill(~same, float("-inf")).max(1).values
     nearest_outside = D.masked_fill(same | eye, float("inf")).min(1).values
     assert bool((farthest_inside < nearest_outside).all()), D
-    _, fops, fedavg = build(quad_cfg("algorithm.name=fedavg", *partition))
-    fstate = run_rounds(fedavg, fops, 50)
-    apple = ops.evaluate(torch.arange(8), algo.eval_params(state)).loss
-    avg = fops.evaluate(torch.arange(8), fedavg.eval_params(fstate)).loss
+    _, _, avg = trained_losses(quad_cfg("algorithm.name=fedavg", *partition), 50)
     assert float(apple.mean()) < float(avg.mean()), (apple, avg)

@@ -8,7 +8,7 @@ import torch
 
 from raycobo import rng
 from raycobo.algorithms.fedala import FedALAState, adapt, blend, head_start
-from tests.helpers import build, run_rounds
+from tests.helpers import build, run_rounds, trained_losses
 
 
 def test_the_blend_and_the_head_by_hand():
@@ -91,10 +91,6 @@ def test_its_personal_models_beat_fedavg_on_the_quadratic_clusters(quad_cfg):
     of W picks between the global and the own model; after 30 rounds every client's loss
     is below FedAvg's mean."""
     partition = ["data.partition.num_clusters=2", "data.partition.clients_per_cluster=4"]
-    _, ops, algo = build(quad_cfg("algorithm.name=fedala", *partition))
-    state = run_rounds(algo, ops, 30)
-    _, fops, fedavg = build(quad_cfg("algorithm.name=fedavg", *partition))
-    fstate = run_rounds(fedavg, fops, 30)
-    ala = ops.evaluate(torch.arange(8), algo.eval_params(state)).loss
-    avg = fops.evaluate(torch.arange(8), fedavg.eval_params(fstate)).loss
+    _, _, ala = trained_losses(quad_cfg("algorithm.name=fedala", *partition), 30)
+    _, _, avg = trained_losses(quad_cfg("algorithm.name=fedavg", *partition), 30)
     assert float(ala.max()) < float(avg.mean()), (ala, avg)

@@ -12,7 +12,7 @@ import torch
 from raycobo import rng
 from raycobo.algorithms.fedamp import FedAMPConfig, FedAMPState, attention, prox
 from raycobo.settings import ConfigError
-from tests.helpers import build, run_rounds
+from tests.helpers import build, trained_losses
 
 
 def test_the_attention_rows_by_hand():
@@ -73,17 +73,14 @@ def test_the_default_rule_recovers_the_quadratic_clusters(quad_cfg):
         "data.partition.num_clusters=2",
         "data.partition.clients_per_cluster=4",
     )
-    _, ops, algo = build(cfg)
-    state = run_rounds(algo, ops, 40)
+    ops, state, amp = trained_losses(cfg, 40)
     cl = torch.as_tensor(ops.clusters)
     same = (cl[:, None] == cl[None, :]) & ~torch.eye(8, dtype=torch.bool)
     others = state.Xi.masked_fill(torch.eye(8, dtype=torch.bool), 0.0)
     inside = (others * same).sum(1) / others.sum(1)
     assert bool((inside > 0.95).all()), inside
-    _, lops, local = build(quad_cfg("algorithm.name=local", *cfg_partition()))
-    lstate = run_rounds(local, lops, 40)
-    amp_loss = float(ops.evaluate(torch.arange(8), algo.eval_params(state)).loss.mean())
-    local_loss = float(lops.evaluate(torch.arange(8), local.eval_params(lstate)).loss.mean())
+    _, _, alone = trained_losses(quad_cfg("algorithm.name=local", *cfg_partition()), 40)
+    amp_loss, local_loss = float(amp.mean()), float(alone.mean())
     assert amp_loss < local_loss, (amp_loss, local_loss)
 
 

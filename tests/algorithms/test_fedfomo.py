@@ -16,7 +16,7 @@ from raycobo.algorithms.fedfomo import (
     pick_peers,
 )
 from raycobo.settings import ConfigError
-from tests.helpers import build, run_rounds
+from tests.helpers import build, trained_losses
 
 
 def test_greedy_picks_follow_the_affinity_and_exploring_picks_are_distinct():
@@ -108,8 +108,7 @@ def test_the_affinity_recovers_the_quadratic_clusters(quad_cfg):
     affinity is higher for each of its cluster's peers than for any other client's, and
     its loss is below what Local reaches in the same rounds."""
     partition = ["data.partition.num_clusters=2", "data.partition.clients_per_cluster=4"]
-    _, ops, algo = build(quad_cfg("algorithm.name=fedfomo", *partition))
-    state = run_rounds(algo, ops, 30)
+    ops, state, fomo = trained_losses(quad_cfg("algorithm.name=fedfomo", *partition), 30)
     cl = torch.as_tensor(ops.clusters)
     eye = torch.eye(8, dtype=torch.bool)
     same = (cl[:, None] == cl[None, :]) & ~eye
@@ -117,10 +116,8 @@ def test_the_affinity_recovers_the_quadratic_clusters(quad_cfg):
     lowest_inside = P.masked_fill(~same, float("inf")).min(1).values
     highest_outside = P.masked_fill(same | eye, float("-inf")).max(1).values
     assert bool((lowest_inside > highest_outside).all()), P
-    _, lops, local = build(quad_cfg("algorithm.name=local", *partition))
-    lstate = run_rounds(local, lops, 30)
-    fomo_loss = float(ops.evaluate(torch.arange(8), algo.eval_params(state)).loss.mean())
-    local_loss = float(lops.evaluate(torch.arange(8), local.eval_params(lstate)).loss.mean())
+    _, _, alone = trained_losses(quad_cfg("algorithm.name=local", *partition), 30)
+    fomo_loss, local_loss = float(fomo.mean()), float(alone.mean())
     assert fomo_loss < local_loss, (fomo_loss, local_loss)
 
 

@@ -15,9 +15,9 @@ from raycobo.algorithms.pfedgraph import (
     PFedGraphState,
     graph_rows,
     graph_term_grad,
-    simplex_row,
 )
-from tests.helpers import build, run_rounds
+from raycobo.algorithms.projections import project_simplex
+from tests.helpers import build, trained_losses
 
 
 def test_the_graph_rows_solve_their_quadratic_programme():
@@ -27,7 +27,7 @@ def test_the_graph_rows_solve_their_quadratic_programme():
         D = -torch.rand(6, 6, generator=g, dtype=torch.float64)
         p = torch.rand(6, generator=g, dtype=torch.float64)
         p /= p.sum()
-        rows = simplex_row(p[None] - D / (2 * alpha))
+        rows = project_simplex(p[None] - D / (2 * alpha))
         for i in range(6):
             d, q = D[i].numpy(), p.numpy()
             res = minimize(
@@ -40,7 +40,7 @@ def test_the_graph_rows_solve_their_quadratic_programme():
             )
             assert np.allclose(rows[i].numpy(), res.x, atol=1e-5), (alpha, i)
     assert torch.allclose(rows.sum(1), torch.ones(6, dtype=torch.float64))
-    assert torch.equal(simplex_row(torch.tensor([[0.2, 0.8]])), torch.tensor([[0.2, 0.8]]))
+    assert torch.equal(project_simplex(torch.tensor([[0.2, 0.8]])), torch.tensor([[0.2, 0.8]]))
 
 
 def test_saturated_dissimilarities_count_as_minus_one():
@@ -51,7 +51,7 @@ def test_saturated_dissimilarities_count_as_minus_one():
     # client 0 and 1: cosine 0.98 (D -1 after saturation), 0 and 2: cosine 0
     D = torch.tensor([[-1.0, -1.0, 0.0], [-1.0, -1.0, -0.2 / 1.0198039]], dtype=torch.float64)
     D = torch.cat([D, torch.tensor([[0.0, -0.2 / 1.0198039, -1.0]], dtype=torch.float64)])
-    assert torch.allclose(rows, simplex_row(shares[None] - D / 1.0), atol=1e-6)
+    assert torch.allclose(rows, project_simplex(shares[None] - D / 1.0), atol=1e-6)
 
 
 @pytest.mark.parametrize("term", ["paper", "code"])
@@ -99,7 +99,7 @@ def test_one_round_by_hand_on_three_clients(quad_cfg):
     unit = (y - st.x0) / (y - st.x0).norm(dim=1, keepdim=True)
     D = -(unit @ unit.T)
     D[D < -0.9] = -1.0
-    rows = simplex_row(torch.full((1, 3), 1 / 3) - D / 0.8)
+    rows = project_simplex(torch.full((1, 3), 1 / 3) - D / 0.8)
     assert torch.allclose(new.A, rows, atol=1e-6)
     assert torch.allclose(new.X, rows @ y, atol=1e-6)
     assert torch.allclose(new.direction, rows @ (y / y.norm(dim=1, keepdim=True)), atol=1e-6)
@@ -110,14 +110,11 @@ def test_the_graph_recovers_the_quadratic_clusters(quad_cfg):
     """Example 2's clusters (2 of 4) with the defaults: after 30 rounds every client's row
     of the graph lies inside its own cluster, and its loss is below Local's."""
     partition = ["data.partition.num_clusters=2", "data.partition.clients_per_cluster=4"]
-    _, ops, algo = build(quad_cfg("algorithm.name=pfedgraph", *partition))
-    state = run_rounds(algo, ops, 30)
+    ops, state, losses = trained_losses(quad_cfg("algorithm.name=pfedgraph", *partition), 30)
     cl = torch.as_tensor(ops.clusters)
     same = cl[:, None] == cl[None, :]
     inside = (state.A * same).sum(1)
     assert bool((inside > 0.99).all()), state.A
-    _, lops, local = build(quad_cfg("algorithm.name=local", *partition))
-    lstate = run_rounds(local, lops, 30)
-    graph = float(ops.evaluate(torch.arange(8), algo.eval_params(state)).loss.mean())
-    alone = float(lops.evaluate(torch.arange(8), local.eval_params(lstate)).loss.mean())
+    _, _, alone_losses = trained_losses(quad_cfg("algorithm.name=local", *partition), 30)
+    graph, alone = float(losses.mean()), float(alone_losses.mean())
     assert graph < alone, (graph, alone)
