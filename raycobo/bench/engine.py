@@ -21,7 +21,13 @@ import torch
 from raycobo.bench.common import _time, peak_rss_mb, started, synthetic_data, write_rows
 from raycobo.bench.limit import round_limit
 
-SHAPES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cnn1d": (1, 40), "resnet9": (3, 32, 32)}
+SHAPES = {
+    "mlp": (1, 28, 28),
+    "cnn": (1, 28, 28),
+    "fedavg_cnn": (1, 28, 28),
+    "cnn1d": (1, 40),
+    "resnet9": (3, 32, 32),
+}
 
 
 @dataclass

@@ -26,7 +26,8 @@ DEFAULT_FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 class PartitionConfig(_Section):
     kind: str = Field(
         default="label_permutation",
-        description="label_permutation, disjoint_classes, label_groups, shards or dirichlet",
+        description="label_permutation, disjoint_classes, label_groups, shards, dirichlet or "
+        "pathological",
     )
     clients_per_cluster: int | list[int] = Field(
         default=2, description="clients of every cluster (a list: uneven cluster sizes)"
@@ -37,9 +38,13 @@ class PartitionConfig(_Section):
         default=None, ge=1, description="label_groups: classes of a cluster (null: C / K)"
     )
     shards_per_class: int = Field(default=2, ge=1, description="shards: shards of a class")
-    classes_per_client: int = Field(default=2, ge=1, description="shards: classes a client")
+    classes_per_client: int = Field(
+        default=2, ge=1, description="shards, pathological: classes a client holds"
+    )
     num_clients: int | None = Field(
-        default=None, ge=1, description="dirichlet: clients (null: the clusters' sizes' sum)"
+        default=None,
+        ge=1,
+        description="dirichlet, pathological: clients (null: the clusters' sizes' sum)",
     )
     test_split: float = Field(
         default=0.2,

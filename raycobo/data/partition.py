@@ -6,6 +6,7 @@ per-client train/test index arrays, per-client labels and each client's cluster.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -279,8 +280,61 @@ def dirichlet(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
     return _from_client_samples(raw, per_client, [None] * n, cfg, g)
 
 
+def pathological(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
+    """PFLlib's pathological label skew ("pat", unbalanced; its benchmark table's first
+    setting): every client holds ``classes_per_client`` classes. Class c in turn goes to
+    the first ceil(n * classes_per_client / C) clients that still lack classes, in client
+    order; the first of them draw uniform sizes in [s/10, s) (s: the class's samples over
+    its clients) and the last takes the rest. Clients holding the same class set form a
+    cluster (with 20 clients and 2 of 10 classes: 5 clusters of 4)."""
+    import numpy as np
+
+    n = cfg.partition.num_clients or sum(cfg.partition.cluster_sizes())
+    C, per = raw.num_classes, cfg.partition.classes_per_client
+    if per > C or n * per < C:
+        raise ConfigError(
+            f"invalid config key 'data.partition.classes_per_client': {n} clients of {per} "
+            f"classes cannot hold {C} classes"
+        )
+    g = torch.Generator().manual_seed(seed)
+    rs = np.random.default_rng(seed)
+    left = [per] * n
+    parts: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    held: list[list[int]] = [[] for _ in range(n)]
+    for c in range(C):
+        idx = torch.nonzero(raw.train_y == c).flatten()
+        idx = idx[torch.randperm(idx.numel(), generator=g)]
+        idx = idx[: int(round(cfg.fraction * idx.numel()))]
+        takers = [k for k in range(n) if left[k] > 0][: math.ceil(n * per / C)]
+        if not takers:
+            break  # every client has its classes: the rest stay unused (as in PFLlib)
+        share = idx.numel() / len(takers)
+        if share < 2:
+            raise ConfigError(
+                f"invalid config key 'data.fraction': class {c} has {idx.numel()} samples "
+                f"for {len(takers)} clients; raise data.fraction"
+            )
+        sizes = [int(v) for v in rs.integers(int(max(share / 10, 1)), int(share), len(takers) - 1)]
+        sizes.append(idx.numel() - sum(sizes))
+        for k, part in zip(takers, torch.split(idx, sizes), strict=True):
+            parts[k].append(part)
+            held[k].append(c)
+            left[k] -= 1
+    if any(not p for p in parts):
+        raise ConfigError(
+            f"invalid config key 'data.partition.classes_per_client': with {per} of {C} "
+            f"classes some of the {n} clients get none"
+        )
+    sets = [tuple(h) for h in held]
+    ids = {s: i for i, s in enumerate(dict.fromkeys(sets))}
+    clusters: list[int | None] = [ids[s] for s in sets]
+    if len(ids) == n:  # no two clients alike: no ground-truth clusters
+        clusters = [None] * n
+    return _from_client_samples(raw, [torch.cat(p) for p in parts], clusters, cfg, g)
+
+
 # the partitions that deal the clients samples of the training pool (_from_client_samples)
-OWN_SAMPLES = ("disjoint_classes", "label_groups", "shards")
+OWN_SAMPLES = ("disjoint_classes", "label_groups", "shards", "pathological")
 
 PARTITIONS: dict[str, Callable[[RawDataset, DataConfig, int], Partition]] = {
     "label_permutation": label_permutation,
@@ -288,6 +342,7 @@ PARTITIONS: dict[str, Callable[[RawDataset, DataConfig, int], Partition]] = {
     "label_groups": label_groups,
     "shards": shards,
     "dirichlet": dirichlet,
+    "pathological": pathological,
 }
 
 

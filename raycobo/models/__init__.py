@@ -200,7 +200,7 @@ def build_mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) 
 
 def _conv(name: str) -> Callable[[ModelConfig, tuple[int, ...], int], FunctionalModel]:
     def build(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> FunctionalModel:
-        from raycobo.models.vision import CNN, CNN1d, ResNet9
+        from raycobo.models.vision import CNN, CNN1d, FedAvgCNN, ResNet9
 
         shape = tuple(input_shape)
         if name == "cnn1d":
@@ -210,14 +210,17 @@ def _conv(name: str) -> Callable[[ModelConfig, tuple[int, ...], int], Functional
                 )
             module = CNN1d(shape, num_classes)
         else:
-            if len(shape) != 3 or shape[1] % 4 or shape[2] % 4:
+            if len(shape) != 3 or shape[1] % 4 or shape[2] % 4 or min(shape[1:]) < 16:
                 raise ConfigError(
                     f"invalid config key 'model.name': {name} needs CxHxW images with H, W "
-                    f"divisible by 4, got {shape}"
+                    f"divisible by 4 and at least 16, got {shape}"
                 )
-            module = (
-                CNN(shape, num_classes) if name == "cnn" else ResNet9(shape, num_classes, cfg.norm)
-            )
+            if name == "cnn":
+                module = CNN(shape, num_classes)
+            elif name == "fedavg_cnn":
+                module = FedAvgCNN(shape, num_classes)
+            else:
+                module = ResNet9(shape, num_classes, cfg.norm)
         return FunctionalModel(name, module, shape, num_classes)
 
     return build
@@ -227,6 +230,7 @@ MODELS = Registry("model", "model.name")
 for _name, _build in {
     "mlp": build_mlp,
     "cnn": _conv("cnn"),
+    "fedavg_cnn": _conv("fedavg_cnn"),
     "cnn1d": _conv("cnn1d"),
     "resnet9": _conv("resnet9"),
 }.items():

@@ -6,6 +6,9 @@ Parameter counts (10 classes unless noted):
   on 3x32x32: 579,402.
 - ``resnet9`` on 3x32x32, 100 classes (the CoBo paper's CIFAR-100 model): 6,619,300;
   10 classes: 6,573,130.
+- ``fedavg_cnn`` on 1x28x28 (PFLlib's 4-layer ``FedAvgCNN``, the model of its benchmark
+  table): 2 unpadded conv (32, 64 channels, 5x5) + FC 512: 582,026 parameters; on 3x32x32:
+  878,538.
 - ``cnn1d`` on mnist1d (1x40): 3 conv (25 channels) + FC: 5,210.
 - ``mlp`` 784-64-10 (in ``raycobo.models``): 50,890.
 
@@ -45,6 +48,25 @@ class CNN(nn.Module):
         x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)  # (B, 32, H/2, W/2)
         x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)  # (B, 64, H/4, W/4)
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class FedAvgCNN(nn.Module):
+    """PFLlib's ``FedAvgCNN``: conv(5x5, 32, no padding) - relu - pool - conv(5x5, 64) -
+    relu - pool - fc 512 - relu - fc C (1,024 features into fc 512 on 28x28 inputs)."""
+
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        c, h, w = in_shape
+        self.conv1 = nn.Conv2d(c, 32, 5)
+        self.conv2 = nn.Conv2d(32, 64, 5)
+        side = lambda n: ((n - 4) // 2 - 4) // 2  # noqa: E731  (two valid 5x5 convs, two pools)
+        self.fc1 = nn.Linear(64 * side(h) * side(w), 512)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc(torch.relu(self.fc1(x.flatten(1))))
 
 
 class CNN1d(nn.Module):

@@ -39,8 +39,9 @@ PARTITION = {
     "label_groups": (*SIZES, "classes_per_group", *OWN_TEST),
     "shards": ("shards_per_class", "classes_per_client", *OWN_TEST),
     "dirichlet": ("num_clients", "alpha", *OWN_TEST),
+    "pathological": ("num_clients", "classes_per_client", *OWN_TEST),
 }
-MODEL = {"mlp": ("hidden",), "cnn": (), "cnn1d": (), "resnet9": ("norm",)}
+MODEL = {"mlp": ("hidden",), "cnn": (), "fedavg_cnn": (), "cnn1d": (), "resnet9": ("norm",)}
 LLM = ("path", "cache_dir", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 RAY_SESSION = ("address", "connect_timeout_s", "num_cpus", "num_gpus", "dashboard", "timeout_s")
 
@@ -76,7 +77,7 @@ def _data_keys(cfg: Config) -> list[str]:
 def _partition_keys(cfg: Config) -> list[str]:
     part = cfg.data.partition
     own = list(PARTITION.get(part.kind, type(part).model_fields))
-    if part.kind == "dirichlet" and part.num_clients is None:
+    if part.kind in ("dirichlet", "pathological") and part.num_clients is None:
         own += SIZES  # as many clients as the clusters' sizes add up to
     tests_on_split = part.kind == "label_permutation" or (
         "test_on" in own and part.test_on == "classes"

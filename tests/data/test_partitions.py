@@ -331,3 +331,54 @@ def test_test_on_classes_tests_each_client_on_the_test_split_of_its_classes():
         assert len(d.test_idx[c]) == 3 * 10 // 2  # half of 10 test samples per class
     with pytest.raises(ConfigError, match="data.partition.test_on"):
         partition(r, cfg_with("data.partition.test_on=classes"), 0)  # label_permutation
+
+
+def test_pathological_deals_pfllibs_class_pairs_unbalanced():
+    """PFLlib's "pat" split of 10 classes over 20 clients with 2 classes each: clients
+    4k..4k+3 hold classes {2k, 2k+1}, so five clusters of four; every sample is dealt
+    once; the sizes are unbalanced; each client's samples split 75/25."""
+    r = raw(per_class=200)
+    d = partition(
+        r,
+        cfg_with(
+            "data.partition.kind=pathological",
+            "data.partition.num_clients=20",
+            "data.partition.test_split=0.25",
+            "data.fraction=1",
+        ),
+        0,
+    )
+    assert d.clusters == [k // 4 for k in range(20)]
+    for k in range(20):
+        classes = torch.cat([d.train_y[k], d.test_y[k]]).unique().tolist()
+        assert classes == [2 * (k // 4), 2 * (k // 4) + 1]
+        n = d.train_idx[k].numel() + d.test_idx[k].numel()
+        assert d.test_idx[k].numel() == round(0.25 * n)
+    every = torch.cat([*d.train_idx, *d.test_idx])
+    assert every.numel() == 2000 and every.unique().numel() == 2000
+    sizes = [d.train_idx[k].numel() + d.test_idx[k].numel() for k in range(20)]
+    assert max(sizes) > 2 * min(sizes)  # not PFLlib's balanced variant
+
+
+def test_pathological_without_two_alike_has_no_clusters_and_refuses_too_few():
+    d = partition(
+        raw(classes=4, per_class=60),
+        cfg_with(
+            "data.partition.kind=pathological",
+            "data.partition.num_clients=2",
+            "data.partition.classes_per_client=2",
+            "data.fraction=1",
+        ),
+        0,
+    )
+    assert d.clusters == [None, None]  # {0, 1} and {2, 3}
+    with pytest.raises(ConfigError, match="classes_per_client"):
+        partition(
+            raw(),
+            cfg_with(
+                "data.partition.kind=pathological",
+                "data.partition.num_clients=3",
+                "data.partition.classes_per_client=2",
+            ),
+            0,
+        )
