@@ -34,6 +34,12 @@ class PartitionConfig(_Section):
     )
     num_clusters: int = Field(default=4, ge=1, description="clusters (with an int above)")
     alpha: float = Field(default=0.5, gt=0, description="dirichlet: the concentration")
+    min_samples: int | None = Field(
+        default=None,
+        ge=1,
+        description="dirichlet: redraw until every client holds this many, no client past "
+        "N/n (Yurochkin et al. 2019, as PFLlib splits); null: one plain draw",
+    )
     classes_per_group: int | None = Field(
         default=None, ge=1, description="label_groups: classes of a cluster (null: C / K)"
     )

@@ -261,21 +261,41 @@ def shards(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
 
 def dirichlet(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
     """Label skew: each class's samples are split among ``num_clients`` clients with
-    proportions ~ Dirichlet(alpha) (smaller alpha, more skew). No ground-truth clusters."""
+    proportions ~ Dirichlet(alpha) (smaller alpha, more skew). No ground-truth clusters.
+    With ``min_samples`` the split of Yurochkin et al. (2019) that PFLlib uses: a class's
+    share for a client that already holds N/n samples is set to zero, and the whole draw
+    is repeated until every client holds at least ``min_samples``."""
     import numpy as np
 
     n = cfg.partition.num_clients or sum(cfg.partition.cluster_sizes())
+    least = cfg.partition.min_samples
     g = torch.Generator().manual_seed(seed)
     rs = np.random.default_rng(seed)
-    buckets: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    pools = []
     for c in range(raw.num_classes):
         idx = torch.nonzero(raw.train_y == c).flatten()
         idx = idx[torch.randperm(idx.numel(), generator=g)]
-        idx = idx[: int(round(cfg.fraction * idx.numel()))]
-        props = torch.from_numpy(rs.dirichlet([cfg.partition.alpha] * n))
-        cuts = (torch.cumsum(props, 0) * idx.numel()).round().long()[:-1]
-        for k, part in enumerate(torch.tensor_split(idx, cuts)):
-            buckets[k].append(part)
+        pools.append(idx[: int(round(cfg.fraction * idx.numel()))])
+    cap = sum(p.numel() for p in pools) / n
+    for _ in range(1000 if least else 1):
+        buckets: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        held = np.zeros(n)
+        for idx in pools:
+            props = rs.dirichlet([cfg.partition.alpha] * n)
+            if least:
+                props = props * (held < cap)
+                props = props / props.sum()
+            cuts = (torch.cumsum(torch.from_numpy(props), 0) * idx.numel()).round().long()[:-1]
+            for k, part in enumerate(torch.tensor_split(idx, cuts)):
+                buckets[k].append(part)
+                held[k] += part.numel()
+        if not least or held.min() >= least:
+            break
+    else:
+        raise ConfigError(
+            f"invalid config key 'data.partition.min_samples': 1,000 draws left a client "
+            f"with fewer than {least} samples; raise data.fraction or alpha"
+        )
     per_client = [torch.cat(b) for b in buckets]
     return _from_client_samples(raw, per_client, [None] * n, cfg, g)
 

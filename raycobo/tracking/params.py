@@ -38,7 +38,7 @@ PARTITION = {
     "disjoint_classes": (*SIZES, *OWN_TEST),
     "label_groups": (*SIZES, "classes_per_group", *OWN_TEST),
     "shards": ("shards_per_class", "classes_per_client", *OWN_TEST),
-    "dirichlet": ("num_clients", "alpha", *OWN_TEST),
+    "dirichlet": ("num_clients", "alpha", "min_samples", *OWN_TEST),
     "pathological": ("num_clients", "classes_per_client", *OWN_TEST),
 }
 MODEL = {"mlp": ("hidden",), "cnn": (), "fedavg_cnn": (), "cnn1d": (), "resnet9": ("norm",)}

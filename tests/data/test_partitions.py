@@ -382,3 +382,19 @@ def test_pathological_without_two_alike_has_no_clusters_and_refuses_too_few():
             ),
             0,
         )
+
+
+def test_dirichlet_min_samples_redraws_until_every_client_has_enough():
+    over = [
+        "data.partition.kind=dirichlet",
+        "data.partition.num_clients=10",
+        "data.partition.alpha=0.05",
+        "data.fraction=0.2",
+    ]
+    with pytest.raises(ConfigError, match="0 samples"):  # one plain draw leaves one empty
+        partition(raw(per_class=100), cfg_with(*over), 3)
+    kept = partition(raw(per_class=100), cfg_with(*over, "data.partition.min_samples=10"), 3)
+    sizes = [a.numel() + b.numel() for a, b in zip(kept.train_idx, kept.test_idx, strict=True)]
+    assert min(sizes) >= 10 and sum(sizes) == 200
+    with pytest.raises(ConfigError, match="min_samples"):
+        partition(raw(per_class=100), cfg_with(*over, "data.partition.min_samples=25"), 3)
