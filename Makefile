@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick fidelity-ablation regimes regimes-quick docs docs-serve
+.PHONY: demo test test-slow test-all cluster-test install data lint clean bench llm fidelity fidelity-quick fidelity-ablation regimes regimes-quick pfl-grid pfl-grid-quick docs docs-serve
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -110,6 +110,16 @@ regimes-quick: install
 	rm -rf runs/regimes-quick
 	$(PY) benchmarks/regimes/run.py --quick --split test --candidates paper --out runs/regimes-quick
 	$(PY) benchmarks/regimes/report.py --split test --entries cobo,paper --out runs/regimes-quick
+
+# The personalised-FL field's standard grid (benchmarks/pfl_grid): PFLlib's protocol,
+# scaled, with every method (tuned on validation, 3 seeds), its table beside PFLlib's
+# figures in FIDELITY.md; -quick: one setting, one seed, five methods (minutes)
+pfl-grid: install data
+	$(PY) benchmarks/pfl_grid/run.py
+
+pfl-grid-quick: install data
+	rm -rf runs/pfl-grid/quick
+	$(PY) benchmarks/pfl_grid/run.py --quick
 
 clean:
 	rm -rf $(VENV) runs mlruns.db mlartifacts .pytest_cache site

@@ -1,0 +1,200 @@
+"""The personalised-FL field's standard grid: PFLlib's benchmark protocol
+(pfllib.com/benchmark, 2025-03) with every raycobo method, scaled to 2 cores.
+
+Usage: python benchmarks/pfl_grid/run.py [--quick] [--settings pathological,dir0.1]
+       [--entries cobo,fedavg,...] [--seeds 0,1,2] [--no-tune] [--out DIR]
+
+The protocol (PFLlib's): Fashion-MNIST, 20 clients all taking part every round, its
+4-layer CNN (``fedavg_cnn``), batch 10, one local epoch a round, lr 0.005, each client's
+samples split 75/25 into train and test, two label skews:
+
+- ``pathological``: PFLlib's unbalanced "pat" split, 2 of the 10 classes a client (the
+  clients holding the same pair form 5 clusters of 4; Oracle, FC and IFCA can use them);
+- ``dir0.1``: Dirichlet(0.1) label skew as PFLlib draws it (``min_samples``), no clusters.
+
+Scaled (grid.yaml): 3 % of the 60,000 training images instead of all 70,000 (90 a client
+on average: 68 to train on, 22 to test), 40 rounds instead of 2,000. An epoch is the same number of
+steps for every client, round(mean training samples / 10) (PFLlib: each client its own,
+len / 10); CoBo and FC take one step a round, so they run that many rounds an epoch and
+are evaluated at the same epochs.
+
+Each entry with a space in ``tune_spaces/`` is tuned first on validation data (20 % of
+each client's training samples held out, seed 0), as ``compare --tune`` does; the picked
+values then run on every seed, scored on the test split. Reported (``report.py``):
+PFLlib's metric, the sample-weighted mean test accuracy (all clients' correct answers
+over all their test samples), at the best evaluation (what PFLlib's table reports) and
+at the last.
+
+``--quick``: the pathological setting, one seed, 20 rounds, no tuning, five entries
+(minutes; what CI runs). Finished comparisons are kept: a second call resumes what is
+missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from raycobo.api import tuned, with_tuned
+from raycobo.comparison import run_compare
+from raycobo.config import Config, load_config, load_stored_config
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+SETTINGS: dict[str, dict] = {
+    "pathological": {"data.partition.kind": "pathological"},
+    "dir0.1": {
+        "data.partition.kind": "dirichlet",
+        "data.partition.alpha": 0.1,
+        "data.partition.min_samples": 10,  # PFLlib: 1; a client needs a train/test split
+    },
+}
+# entry -> (its algorithm keys, its tune space under tune_spaces/, needs clusters)
+ENTRIES: dict[str, tuple[dict, str | None, bool]] = {
+    "local": ({"algorithm.name": "local"}, None, False),
+    "fedavg": ({"algorithm.name": "fedavg"}, None, False),
+    "fedavg_ft": ({"algorithm.name": "fedavg_ft"}, "tune_fedavg_ft.yaml", False),
+    "ditto": ({"algorithm.name": "ditto"}, "tune_ditto.yaml", False),
+    "ifca": ({"algorithm.name": "ifca"}, "tune_ifca.yaml", False),
+    "fc": ({"algorithm.name": "fc"}, None, True),
+    "cobo": ({"algorithm.name": "cobo"}, None, False),
+    "cobo_paper": ({"algorithm.name": "cobo", "algorithm.rule": "paper"}, None, False),
+    "fedamp": ({"algorithm.name": "fedamp"}, "tune_fedamp.yaml", False),
+    "fedfomo": ({"algorithm.name": "fedfomo"}, "tune_fedfomo.yaml", False),
+    "apple": ({"algorithm.name": "apple"}, "tune_apple.yaml", False),
+    "fedala": ({"algorithm.name": "fedala"}, "tune_fedala.yaml", False),
+    "pfedgraph": ({"algorithm.name": "pfedgraph"}, "tune_pfedgraph.yaml", False),
+    "oracle": ({"algorithm.name": "oracle"}, None, True),
+}
+QUICK_ENTRIES = ["local", "fedavg", "cobo", "fedfomo", "oracle"]
+QUICK_ROUNDS = 20
+
+
+def base_config(setting: str, quick: bool) -> Config:
+    over = {**SETTINGS[setting], "name": f"pfl-grid-{setting}"}
+    if quick:
+        over["rounds"] = QUICK_ROUNDS
+    return load_config(HERE / "grid.yaml", [f"{k}={json.dumps(v)}" for k, v in over.items()])
+
+
+def epoch_steps(cfg: Config) -> int:
+    """Steps of one local epoch: the clients' mean training samples over the batch."""
+    from raycobo.data import load_data
+
+    data = load_data(cfg)
+    mean = sum(t.numel() for t in data.train_idx) / len(data.train_idx)
+    return max(1, round(mean / cfg.batch_size))
+
+
+def has_local_steps(keys: dict) -> bool:
+    from raycobo.algorithms import method_keys
+
+    return "local_steps" in method_keys(keys["algorithm.name"])
+
+
+def grid_config(setting: str, entries: list[str], quick: bool) -> tuple[Config, int]:
+    """The setting's comparison: every entry a ``compare.variants`` entry with the
+    protocol's step size and one epoch a round. -> (config, steps of an epoch)"""
+    cfg = base_config(setting, quick)
+    E = epoch_steps(cfg)
+    variants = {}
+    for entry in entries:
+        keys, _, _ = ENTRIES[entry]
+        v = {**keys, "algorithm.lr": cfg.algorithm.lr}
+        if has_local_steps(keys):
+            v["algorithm.local_steps"] = E
+        else:  # one step a round: an epoch is E rounds, evaluated at the same epochs
+            v.update(rounds=cfg.rounds * E, eval_every=cfg.eval_every * E)
+        variants[entry] = v
+    over = {"compare.variants": variants, "compare.algorithms": entries}
+    return load_config(HERE / "grid.yaml", _flat(cfg, over)), E
+
+
+def _flat(cfg: Config, over: dict) -> list[str]:
+    """grid.yaml's overrides for ``cfg`` (its setting and size) plus ``over``."""
+    keep = {
+        "name": cfg.name,
+        "rounds": cfg.rounds,
+        "data.partition": cfg.data.partition.model_dump(),
+        **over,
+    }
+    return [f"{k}={json.dumps(v)}" for k, v in keep.items()]
+
+
+def entries_for(setting: str, wanted: list[str]) -> list[str]:
+    """The wanted entries the setting can run (those needing clusters where it has them)."""
+    clusters = setting == "pathological"
+    return [e for e in wanted if clusters or not ENTRIES[e][2]]
+
+
+def run_setting(
+    setting: str, wanted: list[str], seeds: list[int], out: Path, quick: bool, tune: bool
+) -> None:
+    root = out / setting
+    entries = entries_for(setting, wanted)
+    resume = (root / "config.yaml").is_file()
+    if resume:
+        cfg = load_stored_config(root / "config.yaml")
+        E = json.loads((root / "grid.json").read_text())["epoch_steps"]
+    else:
+        cfg, E = grid_config(setting, entries, quick)
+        spaces = {e: REPO / "tune_spaces" / ENTRIES[e][1] for e in entries if ENTRIES[e][1]}
+        if tune and spaces:
+            saved = root / "tuned.json"
+            if saved.is_file() and set(json.loads(saved.read_text())) == set(spaces):
+                cfg = with_tuned(cfg, json.loads(saved.read_text()))
+            else:
+                print(f"[{setting}] tuning {', '.join(spaces)} on validation", flush=True)
+                cfg = tuned(cfg, entries, spaces, root)
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "grid.json").write_text(json.dumps({"epoch_steps": E, "setting": setting}))
+    t0 = time.perf_counter()
+    print(f"[{setting}] {', '.join(entries)}; seeds {seeds}; {E} steps an epoch", flush=True)
+    run_compare(cfg, entries, root, seeds=seeds, resume=resume)
+    print(f"[{setting}] {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--settings", default=None)
+    ap.add_argument("--entries", default=None)
+    ap.add_argument("--seeds", default=None)
+    ap.add_argument("--no-tune", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    settings = (
+        args.settings.split(",")
+        if args.settings
+        else (["pathological"] if args.quick else list(SETTINGS))
+    )
+    wanted = (
+        args.entries.split(",")
+        if args.entries
+        else (QUICK_ENTRIES if args.quick else list(ENTRIES))
+    )
+    for name, known in (("--settings", SETTINGS), ("--entries", ENTRIES)):
+        bad = [x for x in (settings if name == "--settings" else wanted) if x not in known]
+        if bad:
+            print(f"error: {name}: no {bad[0]} (known: {', '.join(known)})", file=sys.stderr)
+            return 2
+    seeds = (
+        [int(s) for s in args.seeds.split(",")]
+        if args.seeds
+        else ([0] if args.quick else [0, 1, 2])
+    )
+    out = args.out or REPO / "runs" / "pfl-grid" / ("quick" if args.quick else "full")
+    for setting in settings:
+        run_setting(setting, wanted, seeds, out, args.quick, tune=not (args.quick or args.no_tune))
+    from report import write_report
+
+    print(f"wrote {write_report(out, quick=args.quick)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

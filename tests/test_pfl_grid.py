@@ -1,0 +1,80 @@
+"""The personalised-FL grid (benchmarks/pfl_grid): its entries' configs follow the
+protocol, the report reads PFLlib's metric from the runs, and a CI-sized run on
+Fashion-MNIST (where its files are) keeps what holds with margin: on PFLlib's
+pathological split (two classes a client) Local and Oracle beat FedAvg by far."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from raycobo.data import fashion_mnist_available
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = REPO / "benchmarks" / "pfl_grid"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"pfl_grid_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _load("report")
+grid = _load("run")
+
+
+def test_the_entries_take_one_epoch_a_round_at_the_protocols_step_size(monkeypatch):
+    monkeypatch.setattr(grid, "epoch_steps", lambda cfg: 7)
+    cfg, E = grid.grid_config("dir0.1", grid.entries_for("dir0.1", list(grid.ENTRIES)), False)
+    assert E == 7
+    assert "oracle" not in cfg.compare.algorithms and "fc" not in cfg.compare.algorithms
+    v = cfg.compare.variants
+    assert v["fedavg"]["algorithm.local_steps"] == 7 and v["fedavg"]["algorithm.lr"] == 0.005
+    assert v["cobo"]["rounds"] == 7 * cfg.rounds and v["cobo"]["eval_every"] == 7 * cfg.eval_every
+    assert v["cobo_paper"]["algorithm.rule"] == "paper"
+    assert cfg.data.partition.kind == "dirichlet" and cfg.data.partition.alpha == 0.1
+    assert cfg.model.name == "fedavg_cnn" and cfg.batch_size == 10
+    assert cfg.data.partition.test_split == 0.25 and cfg.data.partition.num_clients == 20
+    every = grid.entries_for("pathological", list(grid.ENTRIES))
+    assert every == list(grid.ENTRIES)  # the clusters are there for Oracle and FC
+
+
+def test_the_accuracy_is_weighted_by_the_clients_test_samples(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 0\ndata: {name: x}\n")
+    (run / "metrics.csv").write_text(
+        "round,client,cluster,accuracy,loss\n0,0,0,1.0,0.1\n0,1,0,0.0,2.0\n"
+        "5,0,0,0.5,0.1\n5,1,0,1.0,0.1\n"
+    )
+    monkeypatch.setattr(report, "_sizes_by_key", lambda key, config: (3, 1))
+    acc = report.weighted_accuracy(run)
+    assert acc == {0: 0.75, 5: (1.5 + 1.0) / 4}  # not the clients' plain means 0.5, 0.75
+
+
+def test_a_difference_counts_only_outside_both_noises():
+    assert report.verdict((97.0, 0.5), (99.4, 0.1)).endswith("(outside noise)")
+    assert report.verdict((99.0, 0.5), (99.4, 0.1)).endswith("(within noise)")
+    assert report.verdict((50.0, 1.0), None) == ""
+    assert "one seed" in report.verdict((97.0, 0.0), (99.4, 0.1), seeds=1)
+
+
+@pytest.mark.skipif(not fashion_mnist_available(), reason="needs Fashion-MNIST's files")
+def test_quick_grid_local_and_oracle_far_above_fedavg_on_the_pathological_split(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(grid, "QUICK_ROUNDS", 10)
+    grid.run_setting("pathological", ["local", "fedavg", "oracle"], [0], tmp_path, True, False)
+    table = report.collect(tmp_path)["pathological"]
+    assert set(table) == {"local", "fedavg", "oracle"}
+    fedavg = table["fedavg"]["best"][0]
+    assert table["local"]["best"][0] > fedavg + 10
+    assert table["oracle"]["best"][0] > fedavg + 10
+    text = report.table(report.collect(tmp_path))
+    assert "| fedavg |" in text and "80.41 ± 0.08" in text  # PFLlib's figure beside ours
+    assert json.loads((tmp_path / "pathological" / "grid.json").read_text())["epoch_steps"] > 1
