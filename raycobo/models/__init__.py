@@ -209,18 +209,22 @@ def _conv(name: str) -> Callable[[ModelConfig, tuple[int, ...], int], Functional
                     f"invalid config key 'model.name': cnn1d needs 1-D inputs, got {shape}"
                 )
             module = CNN1d(shape, num_classes)
+        elif name == "fedavg_cnn":
+            if len(shape) != 3 or min(shape[1:]) < 16:
+                raise ConfigError(
+                    f"invalid config key 'model.name': fedavg_cnn needs CxHxW images with H, W "
+                    f"at least 16, got {shape}"
+                )
+            module = FedAvgCNN(shape, num_classes)
         else:
-            if len(shape) != 3 or shape[1] % 4 or shape[2] % 4 or min(shape[1:]) < 16:
+            if len(shape) != 3 or shape[1] % 4 or shape[2] % 4:
                 raise ConfigError(
                     f"invalid config key 'model.name': {name} needs CxHxW images with H, W "
-                    f"divisible by 4 and at least 16, got {shape}"
+                    f"divisible by 4, got {shape}"
                 )
-            if name == "cnn":
-                module = CNN(shape, num_classes)
-            elif name == "fedavg_cnn":
-                module = FedAvgCNN(shape, num_classes)
-            else:
-                module = ResNet9(shape, num_classes, cfg.norm)
+            module = (
+                CNN(shape, num_classes) if name == "cnn" else ResNet9(shape, num_classes, cfg.norm)
+            )
         return FunctionalModel(name, module, shape, num_classes)
 
     return build

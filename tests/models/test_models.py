@@ -1,5 +1,7 @@
 """Models: batched forward equals the nn.Module; the fused MLP gradient equals autograd."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,3 +78,23 @@ def test_conv_models_shapes_and_parameter_counts(name, shape, classes, count):
 def test_bad_input_shape_for_conv_models():
     with pytest.raises(ConfigError, match="model.name"):
         build_model(ModelConfig(name="cnn"), (1, 40), 10)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "ok"),
+    [
+        ("cnn", (1, 8, 8), True),  # digits' 8x8 images: the small CNN pools twice
+        ("cnn", (1, 10, 10), False),
+        ("fedavg_cnn", (1, 16, 16), True),  # two valid 5x5 convs and two pools leave 1x1
+        ("fedavg_cnn", (1, 15, 15), False),
+        ("fedavg_cnn", (1, 8, 8), False),
+    ],
+)
+def test_each_conv_model_refuses_only_the_images_it_cannot_take(name, shape, ok):
+    """A bound of one model is not another's: the CNN takes digits' 8x8 images, FedAvgCNN
+    needs at least 16x16; a refusal names the key and the shape."""
+    if ok:
+        assert build_model(ModelConfig(name=name), shape, 10).dim > 0
+    else:
+        with pytest.raises(ConfigError, match=rf"model.name.*{name}.*{re.escape(str(shape))}"):
+            build_model(ModelConfig(name=name), shape, 10)
