@@ -58,13 +58,27 @@ def only_own(name: str, *overrides: str) -> list[str]:
     return own
 
 
+# a method's offered modes that take another path through its round: each is a case of
+# the per-method engine, Ray and resume tests beside the method's defaults
+MODES = {"apple:downloads": ("apple", {"algorithm.downloads": 1})}
+
+
+def method_cases() -> list[str]:
+    """Every registered method (a new one is covered by registering it), then MODES."""
+    from raycobo.algorithms import ALGORITHMS
+
+    return [*sorted(ALGORITHMS), *MODES]
+
+
 def short_run(name: str, skip: tuple[str, ...] = ()) -> dict:
-    """``algorithm.name`` and those of SHORT_SETTINGS that the method has."""
+    """``algorithm.name`` and those of SHORT_SETTINGS that the method has; for a case of
+    MODES, its method with the mode's settings."""
     from raycobo.algorithms import method_keys
 
+    name, mode = MODES.get(name, (name, {}))
     keys = set(method_keys(name)) - set(skip)
     short = {f"algorithm.{k}": v for k, v in SHORT_SETTINGS.items() if k in keys}
-    return {"algorithm.name": name, **short}
+    return {"algorithm.name": name, **short, **mode}
 
 
 def run_rounds(algo, ops, rounds: int, state=None, start: int = 0):

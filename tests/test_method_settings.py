@@ -35,7 +35,10 @@ class ReadLog:
 
 
 # a method whose keys belong to one of its rules each: every rule's run together reads all
-RULES = {"fedamp": [["algorithm.attention=distance"], ["algorithm.attention=cosine"]]}
+RULES = {
+    "fedamp": [["algorithm.attention=distance"], ["algorithm.attention=cosine"]],
+    "apple": [[], ["algorithm.downloads=1"]],  # the download draw's keys act in its mode
+}
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

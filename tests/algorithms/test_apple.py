@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from raycobo import rng
-from raycobo.algorithms.apple import APPLEConfig, APPLEState, mu_at
+from raycobo.algorithms.apple import APPLEConfig, APPLEState, mu_at, pick_downloads
+from raycobo.config import ConfigError, load_config
 from tests.helpers import build, trained_losses
 
 
@@ -61,14 +63,15 @@ def test_one_round_by_hand_on_two_clients(quad_cfg):
     assert not torch.equal(st.C[0], st.C[1])  # one network initialised per client
 
 
-def test_the_relationships_tell_the_quadratic_clusters_apart(quad_cfg):
+@pytest.mark.parametrize("mode", [[], ["algorithm.downloads=2"]])  # all cores, or 2 of 7
+def test_the_relationships_tell_the_quadratic_clusters_apart(quad_cfg, mode):
     """Example 2's clusters (2 of 4): a linear mix of cores can reach any optimum, so P
     need not put its mass in the own cluster; but clients of one cluster learn the same
     relationships: after 50 rounds every client's row of P is nearer each of its cluster's
     rows than any other cluster's, and its loss is below FedAvg's mean."""
     partition = ["data.partition.num_clusters=2", "data.partition.clients_per_cluster=4"]
     ops, state, apple = trained_losses(
-        quad_cfg("algorithm.name=apple", "rounds=50", *partition), 50
+        quad_cfg("algorithm.name=apple", "rounds=50", *partition, *mode), 50
     )
     cl = torch.as_tensor(ops.clusters)
     eye = torch.eye(8, dtype=torch.bool)
@@ -79,3 +82,77 @@ def test_the_relationships_tell_the_quadratic_clusters_apart(quad_cfg):
     assert bool((farthest_inside < nearest_outside).all()), D
     _, _, avg = trained_losses(quad_cfg("algorithm.name=fedavg", *partition), 50)
     assert float(apple.mean()) < float(avg.mean()), (apple, avg)
+
+
+def test_downloads_take_the_never_downloaded_cores_first():
+    """From a client's first draw on, the cores it never downloaded come first (a random
+    choice of them), its own core never; once it has every core, the draw goes on."""
+    n, P = 6, torch.full((6, 6), 1 / 6)
+    seen = torch.eye(n, dtype=torch.bool)
+    clients = torch.arange(n)
+    for t in range(1, 3):  # 5 others, 2 a round: rounds 1 and 2 take 4 never seen
+        fresh = pick_downloads(P, seen, clients, 2, 1.5, 0, t)
+        assert (fresh.sum(1) == 2).all() and not (fresh & seen).any()
+        seen |= fresh
+    fresh = pick_downloads(P, seen, clients, 2, 1.5, 0, 3)  # the last one, and one more
+    assert (fresh.sum(1) == 2).all() and (fresh & ~seen).sum(1).eq(1).all()
+    assert not fresh.diagonal().any()
+
+
+def test_downloads_are_drawn_in_proportion_to_base_to_the_weights():
+    """Every core seen: one download a round among two others with |p| 0 and 1 and base 4
+    takes the second with probability 4 / 5 (Efraimidis-Spirakis keys)."""
+    P = torch.tensor([[0.5, 0.0, -1.0], [0.3, 0.3, 0.3], [0.3, 0.3, 0.3]])
+    seen = torch.ones(3, 3, dtype=torch.bool)
+    picks = torch.stack(
+        [pick_downloads(P, seen, torch.tensor([0]), 1, 4.0, 7, t)[0] for t in range(4000)]
+    )
+    assert not picks[:, 0].any() and picks.sum(1).eq(1).all()
+    assert abs(picks[:, 2].double().mean().item() - 0.8) < 0.025
+
+
+def test_a_limited_round_by_hand(quad_cfg):
+    """Three clients, one download each a round: a client mixes the copies it holds (its
+    own core current), steps as in the full round on them, and keeps the new copy; the
+    other copies stay as last downloaded. Round 0 downloads nothing (the initial cores)."""
+    cfg = quad_cfg(
+        "algorithm.name=apple",
+        "algorithm.downloads=1",
+        "algorithm.local_steps=1",
+        "algorithm.mu=0",
+        "rounds=10",
+        "data.partition.num_clusters=3",
+        "data.partition.clients_per_cluster=1",
+    )
+    _, ops, algo = build(cfg)
+    st = algo.init(ops)
+    assert torch.equal(st.held, st.C.expand(3, -1, -1)) and torch.equal(st.seen, torch.eye(3) > 0)
+    after0, stats0 = algo.round(st, 0, ops)
+    assert torch.equal(after0.seen, st.seen) and stats0["bytes_sent"] == 3 * 1 * ops.dim * 4
+    held = after0.held.clone()
+    held[0, 1:] += 1.0  # client 0's copies of cores 1 and 2 are stale; it refreshes one
+    state = APPLEState(after0.C, after0.P, after0.p0, held, after0.seen)
+    fresh = pick_downloads(state.P, state.seen, torch.arange(3), 1, algo.base(1, 3), cfg.seed, 1)
+    new, stats = algo.round(state, 1, ops)
+    assert fresh[0, 1:].sum() == 1
+    for i in range(3):
+        copies = held[i].clone()
+        copies[fresh[i]] = state.C[fresh[i]]
+        p = state.P[i]
+        theta = p @ copies
+        g = ops.grads(torch.tensor([i]), theta[None], 1, rng.STEP, 0)[0][0]
+        assert torch.allclose(new.P[i], p - cfg.algorithm.p_lr * (copies @ g), atol=1e-6)
+        core = state.C[i] - cfg.algorithm.lr * p[i] * g
+        copies[i] = core
+        assert torch.allclose(new.C[i], core, atol=1e-6)
+        assert torch.allclose(new.held[i], copies, atol=1e-6)
+    assert torch.equal(new.seen, state.seen | fresh)
+    assert torch.allclose(algo.eval_params(new), torch.einsum("ij,ijd->id", new.P, new.held))
+    assert stats["bytes_sent"] == 3 * 2 * ops.dim * 4  # one core down, the own one up
+
+
+def test_the_download_draws_keys_are_refused_without_downloads():
+    with pytest.raises(ConfigError, match=r"'algorithm.download_base'.*downloads"):
+        load_config(None, ["algorithm.name=apple", "algorithm.download_base=2"])
+    cfg = load_config(None, ["algorithm.name=apple", "algorithm.downloads=3"])
+    assert cfg.algorithm.effective()["download_base"] == 1.5

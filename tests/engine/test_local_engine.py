@@ -9,11 +9,11 @@ import torch
 from torch.testing import assert_close
 
 from raycobo import rng
-from raycobo.algorithms import ALGORITHMS, build_algorithm, evaluate
+from raycobo.algorithms import build_algorithm, evaluate
 from raycobo.config import with_overrides
 from raycobo.data import load_data
 from raycobo.engine import make_local_ops
-from tests.helpers import build, on_engines, run_rounds, short_run
+from tests.helpers import build, method_cases, on_engines, run_rounds, short_run
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_alignment_uses_each_clients_own_data(both_engines):
     assert rows_j <= set(data.train_idx[2].tolist())
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", method_cases())
 def test_algorithms_agree_across_engines(digits_cfg, name):
     """Every registered algorithm (a new one is covered by registering it)."""
     cfg = with_overrides(digits_cfg(), short_run(name))

@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from raycobo.algorithms import ALGORITHMS
 from raycobo.config import ConfigError, with_overrides
 from raycobo.lifecycle import checkpoint as ckpt
 from raycobo.lifecycle.callbacks import BaseCallback
 from raycobo.lifecycle.experiment import RunFailed, resume_config, run_experiment
-from tests.helpers import StopAt, assert_trees_equal, final_state, short_run
+from tests.helpers import StopAt, assert_trees_equal, final_state, method_cases, short_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +30,7 @@ def _digits(digits_cfg, name: str):
     return with_overrides(digits_cfg(), extra)
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", method_cases())
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, digits_cfg, name):
     cfg = _digits(digits_cfg, name)
     whole = run_experiment(cfg, tmp_path / "whole")

@@ -8,12 +8,12 @@ from torch.testing import assert_close
 
 ray = pytest.importorskip("ray")
 
-from raycobo.algorithms import ALGORITHMS, build_algorithm  # noqa: E402
+from raycobo.algorithms import build_algorithm  # noqa: E402
 from raycobo.config import with_overrides  # noqa: E402
 from raycobo.data import load_data  # noqa: E402
 from raycobo.engine import make_local_ops  # noqa: E402
 from raycobo.engine.ray import RaySession, start_ray  # noqa: E402
-from tests.helpers import ray_matches_local, run_local, run_ray, short_run  # noqa: E402
+from tests.helpers import method_cases, ray_matches_local, run_local, run_ray, short_run  # noqa: E402
 
 TIMEOUT = 120
 
@@ -55,7 +55,7 @@ def test_local_ray_is_bound_to_loopback(ray_2_cpus_2_fake_gpus):
     assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", method_cases())
 def test_every_algorithm_gives_the_local_engines_numbers(ray_2_cpus_2_fake_gpus, digits_cfg, name):
     """Every registered algorithm (a new one is covered by registering it) on a neural
     task: also the validation draws (L2C's held-out 20 %), meta-L2C's layer layout,
