@@ -78,3 +78,13 @@ def test_quick_grid_local_and_oracle_far_above_fedavg_on_the_pathological_split(
     text = report.table(report.collect(tmp_path))
     assert "| fedavg |" in text and "80.41 ± 0.08" in text  # PFLlib's figure beside ours
     assert json.loads((tmp_path / "pathological" / "grid.json").read_text())["epoch_steps"] > 1
+
+
+def test_the_protocols_step_size_is_not_tuned(tmp_path):
+    """PFLlib runs every method at lr 0.005: Ditto's space loses its lr axis in the grid
+    (its lam axis stays); a space without lr is used as it is."""
+    import yaml
+
+    ditto = yaml.safe_load(grid.protocol_space("ditto", tmp_path).read_text())
+    assert "algorithm.lr" not in ditto["space"] and "algorithm.lam" in ditto["space"]
+    assert grid.protocol_space("fedfomo", tmp_path) == REPO / "tune_spaces" / "tune_fedfomo.yaml"

@@ -70,6 +70,8 @@ ENTRIES: dict[str, tuple[dict, str | None, bool]] = {
     "pfedgraph": ({"algorithm.name": "pfedgraph"}, "tune_pfedgraph.yaml", False),
     "oracle": ({"algorithm.name": "oracle"}, None, True),
 }
+# the protocol's keys, the same for every entry: a tune space's axis over one is dropped
+FIXED = ("algorithm.lr",)
 QUICK_ENTRIES = ["local", "fedavg", "cobo", "fedfomo", "oracle"]
 QUICK_ROUNDS = 20
 
@@ -125,6 +127,23 @@ def _flat(cfg: Config, over: dict) -> list[str]:
     return [f"{k}={json.dumps(v)}" for k, v in keep.items()]
 
 
+def protocol_space(entry: str, root: Path) -> Path:
+    """The entry's tune space without the protocol's FIXED keys (PFLlib runs every method
+    at lr 0.005; Ditto's space also tunes lr): the file itself where it has none, else a
+    copy under ``root/spaces/`` without them."""
+    import yaml
+
+    src = REPO / "tune_spaces" / ENTRIES[entry][1]
+    space = yaml.safe_load(src.read_text())
+    if not set(space["space"]) & set(FIXED):
+        return src
+    space["space"] = {k: v for k, v in space["space"].items() if k not in FIXED}
+    dst = root / "spaces" / src.name
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(yaml.safe_dump(space, sort_keys=False))
+    return dst
+
+
 def entries_for(setting: str, wanted: list[str]) -> list[str]:
     """The wanted entries the setting can run (those needing clusters where it has them)."""
     clusters = setting == "pathological"
@@ -142,7 +161,7 @@ def run_setting(
         E = json.loads((root / "grid.json").read_text())["epoch_steps"]
     else:
         cfg, E = grid_config(setting, entries, quick)
-        spaces = {e: REPO / "tune_spaces" / ENTRIES[e][1] for e in entries if ENTRIES[e][1]}
+        spaces = {e: protocol_space(e, root) for e in entries if ENTRIES[e][1]}
         if tune and spaces:
             saved = root / "tuned.json"
             if saved.is_file() and set(json.loads(saved.read_text())) == set(spaces):
