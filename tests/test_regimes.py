@@ -61,7 +61,12 @@ def test_the_report_reads_the_matrix(rows, tmp_path):
     report.write_block(out, "## table\n" + text)
     report.write_block(out, "## table again\n" + text)  # replaced, not appended twice
     body = out.read_text()
-    assert body.count(report.START) == 1 and "table again" in body and body.startswith("# Fid")
+    assert body.count("<!-- regimes:start -->") == 1 and "table again" in body
+    assert body.startswith("# Fid")
+    report.write_block(out, "## methods\n" + text, "regimes-methods")  # a block of its own
+    body = out.read_text()
+    assert body.count("<!-- regimes:start -->") == 1 and "## methods" in body
+    assert body.index("table again") < body.index("<!-- regimes-methods:start -->")
     assert report.plot(table, ["cobo"], tmp_path / "p.png").stat().st_size > 0
 
 
@@ -368,7 +373,7 @@ def test_the_tuned_entry_is_the_best_sweep_point_on_validation():
     assert regimes.tuned_choice(quad[:1], cells["quad-2x2"], grid) is None
 
     class Args:
-        no_baselines, candidates, sweep, split = True, "", True, "test"
+        no_baselines, no_cobo, candidates, methods, sweep, split = True, False, "", "", True, "test"
 
     with pytest.raises(ValueError, match="validation"):
         regimes.choose_entries(Args(), {})
@@ -376,6 +381,15 @@ def test_the_tuned_entry_is_the_best_sweep_point_on_validation():
     entries = regimes.choose_entries(Args(), {})
     assert "cobo" in entries and any(e.startswith(regimes.SWEEP) for e in entries)
     assert "local" not in entries
+    Args.methods, Args.no_cobo, Args.sweep = "fedamp,pfedgraph", True, False
+    assert regimes.choose_entries(Args(), {}) == {
+        "fedamp": ("fedamp", {}),
+        "pfedgraph": ("pfedgraph", {}),
+    }
+    Args.methods = "fedamp,cobo"
+    with pytest.raises(ValueError, match="--methods: no other method cobo"):
+        regimes.choose_entries(Args(), {})
+    Args.methods, Args.no_cobo = "", False
     Args.sweep, Args.tuned = False, True
     with pytest.raises(ValueError, match="test split"):
         regimes.tuned_jobs([cells["quad-2x2"]], Args(), [0], {})

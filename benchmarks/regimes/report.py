@@ -326,7 +326,7 @@ def plot_scaling(table: dict, entries: list[str], path: Path, min_clients: int =
     return path
 
 
-START, END = "<!-- regimes:start -->", "<!-- regimes:end -->"
+BLOCK = "regimes"  # FIDELITY.md's block: between <!-- regimes:start --> and its end
 
 
 def tuned_points(rows: list[dict]) -> str:
@@ -339,13 +339,15 @@ def tuned_points(rows: list[dict]) -> str:
     return f"`tuned`, the sweep point best on each cell's validation split: {points}."
 
 
-def write_block(path: Path, text: str) -> None:
-    """Put ``text`` between the regimes markers of ``path`` (appended if absent)."""
+def write_block(path: Path, text: str, name: str = BLOCK) -> None:
+    """Put ``text`` between the markers of block ``name`` in ``path`` (appended if
+    absent)."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     old = path.read_text() if path.is_file() else ""
-    block = f"{START}\n{text.rstrip()}\n{END}\n"
-    if START in old and END in old:
-        head, rest = old.split(START, 1)
-        new = head + block + rest.split(END, 1)[1].lstrip("\n")
+    block = f"{start}\n{text.rstrip()}\n{end}\n"
+    if start in old and end in old:
+        head, rest = old.split(start, 1)
+        new = head + block + rest.split(end, 1)[1].lstrip("\n")
     else:
         new = old.rstrip("\n") + "\n\n" + block
     path.write_text(new)
@@ -360,6 +362,8 @@ def main() -> int:
     ap.add_argument("--plot", type=Path, default=None, help="the gap-closed plot (PNG)")
     ap.add_argument("--scaling-plot", type=Path, default=None, help="gap and s/round vs n")
     ap.add_argument("--intro", type=Path, default=None, help="text above the table")
+    ap.add_argument("--block", default=BLOCK, help="the block of --write's file to replace")
+    ap.add_argument("--no-scaling", action="store_true", help="leave out CoBo's defaults against n")
     args = ap.parse_args()
     shown = args.entries.split(",") if args.entries else None
     rows, stale = current(read_results(args.out / args.split / "results.jsonl"), shown)
@@ -387,17 +391,21 @@ def main() -> int:
         ]
     if "tuned" in entries:
         lines += ["", tuned_points(rows)]
-    lines += [
-        "",
-        "**CoBo's defaults against n** (the cross-device cells; seconds per round are each "
-        "CPU run's wall time over its rounds, evaluations included, one torch thread, two "
-        "runs sharing the 2 cores: a measure of cost, not a benchmark; rows run on the GPU "
-        "machine, several at once, show none; the plot: each n's longest run):",
-        "",
-        scaling(table),
-        "",
-        "![gap closed and seconds per round against n](benchmarks/regimes/scaling.png)",
-    ]
+    lines += (
+        []
+        if args.no_scaling
+        else [
+            "",
+            "**CoBo's defaults against n** (the cross-device cells; seconds per round are each "
+            "CPU run's wall time over its rounds, evaluations included, one torch thread, two "
+            "runs sharing the 2 cores: a measure of cost, not a benchmark; rows run on the GPU "
+            "machine, several at once, show none; the plot: each n's longest run):",
+            "",
+            scaling(table),
+            "",
+            "![gap closed and seconds per round against n](benchmarks/regimes/scaling.png)",
+        ]
+    )
     text = "\n".join(lines)
     print(text)
     if args.plot:
@@ -406,7 +414,7 @@ def main() -> int:
         print(f"wrote {plot_scaling(table, entries, args.scaling_plot)}")
     if args.write:
         intro = args.intro.read_text() if args.intro else ""
-        write_block(args.write, intro + "\n" + text + "\n")
+        write_block(args.write, intro + "\n" + text + "\n", args.block)
         print(f"wrote {args.write}")
     return 0
 

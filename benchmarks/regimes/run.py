@@ -2,7 +2,8 @@
 every cell of ``cells.yaml``, over seeds, on the cells' validation or test data.
 
 Usage: python benchmarks/regimes/run.py [--quick] [--cells ID,...] [--seeds 0,1,2]
-       [--split test|validation] [--candidates NAME,...] [--sweep | --tuned] [--jobs N]
+       [--split test|validation] [--candidates NAME,...] [--methods NAME,...]
+       [--no-baselines] [--no-cobo] [--sweep | --tuned] [--jobs N]
        [--threads N] [--out DIR] [--copies-only]
 
 Results go to ``OUT/<split>/results.jsonl``, one line per run, with the method settings
@@ -15,7 +16,8 @@ name, not run again. ``report.py`` turns them into
 the table and plot of REGIMES.md. ``--split validation`` holds out 20 % of every
 client's training data and scores on it: that is where defaults are chosen; the test
 split is where they are reported. Candidates (``candidates.yaml``) are named sets of
-``algorithm.*`` overrides for CoBo, compared against the defaults (``cobo``).
+``algorithm.*`` overrides for CoBo, compared against the defaults (``cobo``); other
+methods (``--methods``) run with their own defaults, each as the entry of its name.
 
 The tuned ceiling, what a user who tunes CoBo on their own held-out data reaches:
 ``--split validation --sweep`` runs every point of ``candidates.yaml``'s ``sweep`` grid
@@ -409,12 +411,20 @@ def select_cells(cells: list[dict], named: str, quick: bool, device: str) -> lis
 
 
 def choose_entries(args, known: dict[str, dict]) -> dict[str, tuple[str, dict]]:
-    """Local and Oracle (unless --no-baselines), the defaults, the candidates named and,
+    """Local and Oracle (unless --no-baselines), the defaults, the candidates named, the
+    other methods named (--methods: each with its defaults, an entry of its name) and,
     with --sweep, every point of the grid; ValueError naming a bad option."""
+    from raycobo.algorithms import METHODS
+
     entries: dict[str, tuple[str, dict]] = {}
     if not args.no_baselines:
         entries = {"local": ("local", {}), "oracle": ("oracle", {})}
-    entries["cobo"] = ("cobo", {})
+    if not args.no_cobo:
+        entries["cobo"] = ("cobo", {})
+    for name in filter(None, args.methods.split(",")):
+        if name not in METHODS or name in ("cobo", "local", "oracle"):
+            raise ValueError(f"--methods: no other method {name} (known: {', '.join(METHODS)})")
+        entries[name] = (name, {})
     for name in filter(None, args.candidates.split(",")):
         if name not in known:
             raise ValueError(f"--candidates: no candidate {name} in candidates.yaml")
@@ -465,6 +475,10 @@ def main() -> int:
     ap.add_argument("--split", choices=["test", "validation"], default="test")
     ap.add_argument("--candidates", default="", help="named CoBo variants to add")
     ap.add_argument("--no-baselines", action="store_true", help="skip Local and Oracle")
+    ap.add_argument("--no-cobo", action="store_true", help="skip CoBo's defaults")
+    ap.add_argument(
+        "--methods", default="", help="other methods to add, each with its defaults (fedamp,...)"
+    )
     ap.add_argument(
         "--sweep", action="store_true", help="every point of candidates.yaml's sweep grid"
     )
