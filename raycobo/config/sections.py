@@ -26,8 +26,8 @@ DEFAULT_FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 class PartitionConfig(_Section):
     kind: str = Field(
         default="label_permutation",
-        description="label_permutation, disjoint_classes, label_groups, shards, dirichlet or "
-        "pathological",
+        description="label_permutation, clusters (no label shift: with data.feature_shift), "
+        "disjoint_classes, label_groups, shards, dirichlet or pathological",
     )
     clients_per_cluster: int | list[int] = Field(
         default=2, description="clients of every cluster (a list: uneven cluster sizes)"
@@ -104,13 +104,18 @@ class DataConfig(_Section):
         default=0.5,
         gt=0,
         le=1,
-        description="label_permutation: each cluster's share of the training set; other "
-        "partitions: the share of it the clients divide",
+        description="label_permutation, clusters: each cluster's share of the training set; "
+        "other partitions: the share of it the clients divide",
     )
     test_fraction: float = Field(
         default=1.0, gt=0, le=1, description="share of the test split evaluated on"
     )
     augment: bool = Field(default=False, description="images: random crops and flips")
+    feature_shift: Literal["none", "rotate"] = Field(
+        default="none",
+        description="rotate: cluster k's images turned by the k-th of the square's 8 "
+        "symmetries (0-270 degrees, then transposed): clusters that differ in their inputs",
+    )
     num_samples: int | None = Field(default=None, ge=10, description="mnist1d size")
     partition: PartitionConfig = Field(
         default_factory=PartitionConfig, description="how the data is split among clients"

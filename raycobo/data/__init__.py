@@ -14,6 +14,7 @@ from raycobo.data.base import FederatedData, RawDataset
 from raycobo.data.files import load_arrays, load_image_folder
 from raycobo.data.partition import PARTITIONS, partition
 from raycobo.data.quadratic import QuadraticProblem, make_quadratic
+from raycobo.data.shift import shift_features
 from raycobo.data.vision import (
     fashion_mnist_available,
     load_cifar,
@@ -68,6 +69,7 @@ def load_data(cfg: Config):
             f"invalid config key 'data.name': the data set '{name}' returned a "
             f"{type(got).__name__}, not a raycobo RawDataset or FederatedData"
         )
+    got = shift_features(got, cfg.data.feature_shift)
     try:
         data = got.holdout(cfg.validation_fraction(), cfg.seed)
     except ValueError as err:
@@ -90,6 +92,10 @@ def _check_keys(data: DataConfig) -> None:
                 f"invalid config key 'data.{key}': {data.name} does not read it (it is for "
                 f"{', '.join(sorted(users))})"
             )
+    if data.feature_shift != "none" and (data.name in SYNTHETIC or data.name in TEXT):
+        raise ConfigError(
+            f"invalid config key 'data.feature_shift': {data.name} has no images to transform"
+        )
     builtin = data.name in DATASETS or data.name in SYNTHETIC or data.name in TEXT
     if data.options and builtin:
         raise ConfigError(

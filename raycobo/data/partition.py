@@ -56,6 +56,17 @@ def label_permutation(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
     evenly among its clients; the cluster's permutation relabels its clients' train and
     test data; test data is (``data.test_fraction`` of) the test split, permuted.
     """
+    return _random_clusters(raw, cfg, seed, permute=True)
+
+
+def clusters(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
+    """Clusters drawn as label_permutation's, with the labels left as they are: every
+    client has one label distribution, and the clusters differ only where
+    ``data.feature_shift`` transforms their inputs."""
+    return _random_clusters(raw, cfg, seed, permute=False)
+
+
+def _random_clusters(raw: RawDataset, cfg: DataConfig, seed: int, permute: bool) -> Partition:
     sizes = cfg.partition.cluster_sizes()
     g = torch.Generator().manual_seed(seed)
     n_train, n_test = len(raw.train_y), len(raw.test_y)
@@ -67,7 +78,10 @@ def label_permutation(raw: RawDataset, cfg: DataConfig, seed: int) -> Partition:
         )
     test_sel = torch.randperm(n_test, generator=g)[: max(1, int(round(cfg.test_fraction * n_test)))]
     test_sel = test_sel.sort().values
-    perms = _distinct_permutations(len(sizes), raw.num_classes, g)
+    if permute:
+        perms = _distinct_permutations(len(sizes), raw.num_classes, g)
+    else:
+        perms = [torch.arange(raw.num_classes)] * len(sizes)
     out = Partition([], [], [], [], [], raw.num_classes)
     for k, size in enumerate(sizes):
         chosen = torch.randperm(n_train, generator=g)[:per_cluster]
@@ -358,6 +372,7 @@ OWN_SAMPLES = ("disjoint_classes", "label_groups", "shards", "pathological")
 
 PARTITIONS: dict[str, Callable[[RawDataset, DataConfig, int], Partition]] = {
     "label_permutation": label_permutation,
+    "clusters": clusters,
     "disjoint_classes": disjoint_classes,
     "label_groups": label_groups,
     "shards": shards,

@@ -1,0 +1,89 @@
+"""Feature shift: each cluster's inputs turned by its own symmetry of the square, the
+labels as the partition made them; refused where it would do nothing or cannot act."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raycobo.config import ConfigError, load_config
+from raycobo.data import load_data
+from raycobo.data.partition import partition
+from raycobo.data.shift import shift_features, symmetry
+from tests.data.test_partitions import cfg_with, raw
+
+
+def test_the_eight_symmetries_by_hand():
+    """On a 2x2 image [[a, b], [c, d]]: turned 90 degrees counter-clockwise (torch.rot90)
+    it is [[b, d], [a, c]]; the eight are distinct, and the k >= 4 ones are transposes."""
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]]).reshape(1, 1, 2, 2)
+    assert symmetry(x, 0).flatten().tolist() == [1, 2, 3, 4]
+    assert symmetry(x, 1).flatten().tolist() == [2, 4, 1, 3]
+    assert symmetry(x, 2).flatten().tolist() == [4, 3, 2, 1]
+    assert symmetry(x, 4).flatten().tolist() == [1, 3, 2, 4]  # the transpose
+    images = {tuple(symmetry(x, k).flatten().tolist()) for k in range(8)}
+    assert len(images) == 8
+
+
+def test_clusters_keep_the_labels_and_rotate_sees_each_sample_turned():
+    """The clusters partition draws label_permutation's clusters without relabelling; with
+    rotate, client c of cluster k sees its own samples turned by symmetry k, train and
+    test, with the same labels."""
+    r = raw()
+    cfg = cfg_with(
+        "data.partition.kind=clusters",
+        "data.partition.num_clusters=3",
+        "data.partition.clients_per_cluster=2",
+        "data.fraction=0.5",
+    )
+    plain = partition(r, cfg, seed=0)
+    assert plain.clusters == [0, 0, 1, 1, 2, 2]
+    for i, y in zip(plain.train_idx, plain.train_y, strict=True):
+        assert torch.equal(y, r.train_y[i])  # no label shift
+    shifted = shift_features(plain, "rotate")
+    for c, k in enumerate(plain.clusters):
+        want = symmetry(r.train_x[plain.train_idx[c]], k)
+        assert torch.equal(shifted.train_x[shifted.train_idx[c]], want)
+        assert torch.equal(shifted.train_y[c], plain.train_y[c])
+        want_test = symmetry(r.test_x[plain.test_idx[c]], k)
+        assert torch.equal(shifted.test_x[shifted.test_idx[c]], want_test)
+    # one copy of the rows each cluster uses: the clients of a cluster share its test rows
+    assert shifted.test_x.shape[0] == 3 * plain.test_idx[0].numel()
+
+
+DIGITS4 = [
+    "data.name=digits",
+    "data.fraction=0.2",
+    "data.partition.num_clusters=2",
+    "data.partition.clients_per_cluster=2",
+    "data.validation_fraction=0.2",
+]
+
+
+def test_a_mixture_of_label_and_feature_shift_and_the_loaded_digits():
+    """label_permutation with rotate: both shifts; through load_data (digits, a holdout):
+    the same clients, labels and validation parts as without it, the images turned."""
+    data = load_data(load_config(None, [*DIGITS4, "data.feature_shift=rotate"]))
+    plain = load_data(load_config(None, DIGITS4))
+    for c in range(4):
+        k = data.clusters[c]
+        assert torch.equal(data.train_y[c], plain.train_y[c])
+        assert torch.equal(
+            data.train_x[data.train_idx[c]], symmetry(plain.train_x[plain.train_idx[c]], k)
+        )
+    assert data.val_sizes == plain.val_sizes
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        (["data.name=quadratic"], "quadratic has no images"),
+        (["data.name=mnist1d", "data.num_samples=400"], "square CxHxW images"),
+        (["data.partition.kind=dirichlet", "data.partition.num_clients=4"], "no clusters"),
+        (["data.partition.num_clusters=9", "data.partition.clients_per_cluster=1"], "9 clusters"),
+    ],
+)
+def test_rotate_is_refused_where_it_cannot_act(over, message):
+    cfg = load_config(None, ["data.name=digits", "data.feature_shift=rotate", *over])
+    with pytest.raises(ConfigError, match=rf"'data.feature_shift'.*{message}"):
+        load_data(cfg)
