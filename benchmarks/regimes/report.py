@@ -362,12 +362,15 @@ def main() -> int:
     ap.add_argument("--plot", type=Path, default=None, help="the gap-closed plot (PNG)")
     ap.add_argument("--scaling-plot", type=Path, default=None, help="gap and s/round vs n")
     ap.add_argument("--intro", type=Path, default=None, help="text above the table")
+    ap.add_argument("--cells", default="", help="only these cells (default: every cell run)")
     ap.add_argument("--block", default=BLOCK, help="the block of --write's file to replace")
     ap.add_argument("--no-scaling", action="store_true", help="leave out CoBo's defaults against n")
     args = ap.parse_args()
     shown = args.entries.split(",") if args.entries else None
     rows, stale = current(read_results(args.out / args.split / "results.jsonl"), shown)
     table = summarize(rows)
+    if args.cells:
+        table = {cell: t for cell, t in table.items() if cell in args.cells.split(",")}
     entries = shown or sorted(
         {e for t in table.values() for e in t if not e.startswith(_run.SWEEP)} - {"local", "oracle"}
     )
