@@ -56,6 +56,8 @@ def test_the_report_reads_the_matrix(rows, tmp_path):
     assert "| quad-2to10 |" in text and "| digits-8-r100 |" in text
     v = report.verdict(table, "cobo")
     assert v["cells"] == 2 and v["below_local"] == [] and v["diverged"] == []
+    ratios = [table[c]["cobo"]["seconds"] / table[c]["local"]["seconds"] for c in table]
+    assert v["median_cost"] == sum(ratios) / 2  # the median of two cells' time over Local's
     out = tmp_path / "FIDELITY.md"
     out.write_text("# Fidelity\n\nclaims\n")
     report.write_block(out, "## table\n" + text)

@@ -197,10 +197,14 @@ def markdown(table: dict, entries: list[str]) -> str:
 def verdict(table: dict, entry: str) -> dict:
     """The issue's targets for one entry over the counted cells."""
     gaps, worst, below_local, short, low_mass, low_whole, div = [], None, [], [], [], [], []
+    cost = []  # the entry's seconds over Local's on the same cell (one CPU thread each)
     for cell in table:
         v = table[cell].get(entry)
         if v is None or not counts(table, cell):
             continue
+        local_s = table[cell]["local"]["seconds"]
+        if v["seconds"] and local_s:
+            cost.append(v["seconds"] / local_s)
         if v["diverged"]:
             div.append(cell)
         if v["gap"] is not None:
@@ -224,6 +228,7 @@ def verdict(table: dict, entry: str) -> dict:
         "mass_below_0.9": low_mass,
         "whole_mass_below_0.9": low_whole,
         "diverged": div,
+        "median_cost": statistics.median(cost) if cost else None,
     }
 
 
@@ -379,8 +384,10 @@ def main() -> int:
         v = verdict(table, e)
         med = "-" if v["median_gap"] is None else f"{100 * v['median_gap']:.0f} %"
         worst = "-" if v["worst_gap"] is None else f"{100 * v['worst_gap']:.0f} %"
+        cost = "-" if v["median_cost"] is None else f"{v['median_cost']:.1f}x"
         lines.append(
             f"- `{e}`: {v['cells']} cells with a gap, median closed {med}, worst {worst}; "
+            f"time a run against Local's (median over the cells) {cost}; "
             f"below Local: {_names(v['below_local'])}; under 75 % of the gap: "
             f"{_names(v['below_0.75'])}; pulled mass inside < 0.9: "
             f"{_names(v['mass_below_0.9'])}; whole-W mass inside < 0.9: "
