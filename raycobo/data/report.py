@@ -72,6 +72,10 @@ def _mmm(s: dict[str, float]) -> str:
     return f"{s['min']:g}/{s['median']:g}/{s['max']:g}"
 
 
+# the partitions whose data.fraction is each cluster's share of the training set
+PER_CLUSTER = ("label_permutation", "clusters")
+
+
 def warnings(report: dict[str, Any], cfg: Config) -> list[str]:
     """What a reader of this run's figures should know about its data."""
     out = []
@@ -84,10 +88,10 @@ def warnings(report: dict[str, Any], cfg: Config) -> list[str]:
             "(data.fraction, data.test_fraction) gives steadier figures"
         )
     kind = cfg.data.partition.kind
-    if "train" in report and cfg.data.fraction < 1 and kind != "label_permutation":
+    if "train" in report and cfg.data.fraction < 1 and kind not in PER_CLUSTER:
         out.append(
             f"note: under partition {kind}, data.fraction = {cfg.data.fraction:g} is the "
             "share of the whole training set the clients divide (under label_permutation "
-            "it is each cluster's share)"
+            "and clusters it is each cluster's share)"
         )
     return out

@@ -87,3 +87,16 @@ def test_rotate_is_refused_where_it_cannot_act(over, message):
     cfg = load_config(None, ["data.name=digits", "data.feature_shift=rotate", *over])
     with pytest.raises(ConfigError, match=rf"'data.feature_shift'.*{message}"):
         load_data(cfg)
+
+
+def test_the_fraction_note_knows_clusters_draws_per_cluster():
+    """data.fraction is each cluster's share under clusters, as under label_permutation:
+    the run's data note says so only for the partitions that divide one share."""
+    from raycobo.data.report import warnings
+
+    def notes(kind: str) -> list[str]:
+        cfg = load_config(None, ["data.name=digits", f"data.partition.kind={kind}"])
+        return [w for w in warnings({"train": {}}, cfg) if w.startswith("note")]
+
+    assert notes("clusters") == [] and notes("label_permutation") == []
+    assert "each cluster's share" in notes("dirichlet")[0]
