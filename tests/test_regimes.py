@@ -506,3 +506,20 @@ def test_choose_takes_the_entry_passing_more_cells_then_the_higher_gap():
     assert "missing: passes 1 of 2 cells, mean gap 45.0 %" in lines
     best, _ = choose.choose(table, ["gone", "missing", "one"], cells)  # 1 pass each
     assert best == "one"
+
+
+def test_a_signed_matrix_mass_counts_only_as_a_share_of_sizes():
+    """FedFomo's and APPLE's rows from before mass_inside was of |w| held no share (e.g.
+    8.11): the report shows their mass only from rows measured as a share."""
+    base = {
+        "cell": "digits-8-r100", "entry": "fedfomo", "method": "fedfomo", "seed": 0,
+        "split": "test", "accuracy": 0.9, "loss": 0.3, "diverged": False, "seconds": 1.0,
+    }  # fmt: skip
+    old = {**base, "mass_inside": 8.11}
+    assert report.summarize([old])["digits-8-r100"]["fedfomo"]["mass_inside"] is None
+    new = {**base, "mass_inside": 0.7, "mass_of": "abs"}
+    assert report.summarize([old, {**new, "seed": 1}])["digits-8-r100"]["fedfomo"][
+        "mass_inside"
+    ] == pytest.approx(0.7)
+    cobo = {**base, "entry": "cobo", "method": "cobo", "mass_inside": 0.9}  # W >= 0: counts
+    assert report.summarize([cobo])["digits-8-r100"]["cobo"]["mass_inside"] == 0.9

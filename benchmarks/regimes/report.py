@@ -37,6 +37,9 @@ _run = sibling("run")
 load_cells, read_results, clients = _run.load_cells, _run.read_results, _run.clients
 
 MIN_GAP = {"accuracy": 0.03, "loss": 0.0}  # cells where Oracle - Local >= 3 points count
+# methods whose collaboration matrix has negative weights: their rows' mass_inside counts
+# only where it was of |w| (``mass_of``); before that it was no share (below 0, above 1)
+SIGNED = ("fedfomo", "apple")
 
 
 def _mean(xs):
@@ -117,7 +120,7 @@ def summarize(rows: list[dict]) -> dict:
                 "diverged": sum(r["diverged"] for r in rs),
                 "w_within": _mean([r.get("w_within") for r in rs]),
                 "w_across": _mean([r.get("w_across") for r in rs]),
-                "mass_inside": _mean([r.get("mass_inside") for r in rs]),
+                "mass_inside": _mean([r.get("mass_inside") for r in rs if _a_share(r)]),
                 "mass_pulled": _mean([r.get("mass_pulled_inside") for r in rs]),
                 # wall time on one CPU thread; rows from a GPU call (several runs at
                 # once on one GPU) or on more threads are not that and are left out
@@ -126,6 +129,11 @@ def summarize(rows: list[dict]) -> dict:
                 "metric": key,
             }
     return table
+
+
+def _a_share(row: dict) -> bool:
+    """Whether the row's mass_inside is a share of the mass (see SIGNED)."""
+    return row.get("method") not in SIGNED or row.get("mass_of") == "abs"
 
 
 def gap_se(rows: list[dict], entries: dict, seeds: set, key: str) -> float | None:

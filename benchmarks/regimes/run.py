@@ -280,6 +280,7 @@ def run_one(job: dict) -> dict:
         "threads": torch.get_num_threads(),
         "device": job.get("device", "cpu"),
         "settings": settings,
+        "mass_of": "abs",  # mass_inside of |w| (rows before it: of w, the same for w >= 0)
         **w_shares(summary),
     }
 

@@ -448,8 +448,9 @@ def tensor_layout(shapes: list[tuple[int, ...]] | list[torch.Size]) -> list[tupl
 def cluster_agreement(W: torch.Tensor | None, clusters: list[int | None]) -> dict[str, float]:
     """Mean off-diagonal W inside (``w_within``) and across (``w_across``) the
     ground-truth clusters, and ``mass_inside``: the share of each row's off-diagonal mass
-    inside its cluster (many small cross weights add up), averaged over rows with mass;
-    empty without W, without clusters or with one client."""
+    |w_ij| inside its cluster (many small cross weights add up; a signed matrix, such as
+    FedFomo's affinity or APPLE's relationships, by the weights' size), averaged over
+    rows with mass; empty without W, without clusters or with one client."""
     if W is None or any(c is None for c in clusters) or W.shape[0] < 2:
         return {}
     cl = torch.tensor(clusters)
@@ -461,7 +462,8 @@ def cluster_agreement(W: torch.Tensor | None, clusters: list[int | None]) -> dic
         out["w_within"] = float(Wc[same & off].mean())
     if (~same).any():
         out["w_across"] = float(Wc[~same].mean())
-    out.update(mass_inside(Wc.sum(1) - Wc.diagonal(), (Wc * (same & off)).sum(1)))
+    Wa = Wc.abs()
+    out.update(mass_inside(Wa.sum(1) - Wa.diagonal(), (Wa * (same & off)).sum(1)))
     return out
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from raycobo import rng
+from raycobo.algorithms.base import cluster_agreement
 from raycobo.algorithms.fedfomo import (
     EPS_NORM,
     FedFomoState,
@@ -127,3 +128,21 @@ def test_a_decay_without_exploration_is_refused(quad_cfg):
     greedy = quad_cfg("algorithm.name=fedfomo", "algorithm.epsilon=0")
     assert greedy.pinned().algorithm.epsilon_decay is None  # and a run records it so
     assert quad_cfg("algorithm.name=fedfomo").pinned().algorithm.epsilon_decay == 0.05
+
+
+def test_a_signed_collaboration_matrix_is_read_by_its_weights_size():
+    """FedFomo's affinity (and APPLE's relationships) hold negative weights: the share of a
+    row's mass inside its cluster is of |w|, so it stays a share in [0, 1]. Row 0: |0.5| +
+    |-1.0| inside of 3.0 off the diagonal; row 3, alone in its cluster: 0 of 0.5; rows 1
+    and 2 have no mass (signed, row 0 would give -0.5 / -2.0 and row 3 nothing)."""
+    P = torch.tensor(
+        [
+            [1.0, 0.5, -1.0, -1.5],
+            [0.0, 1.0, 0.0, 0.0],
+            [0.0, 0.0, 1.0, 0.0],
+            [-0.5, 0.0, 0.0, 1.0],
+        ]
+    )
+    got = cluster_agreement(P, [0, 0, 0, 1])
+    assert got["mass_inside"] == pytest.approx((1.5 / 3.0 + 0.0 / 0.5) / 2)
+    assert got["w_within"] == pytest.approx((0.5 - 1.0) / 6)
