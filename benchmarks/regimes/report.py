@@ -68,13 +68,16 @@ def current(rows: list[dict], shown: list[str] | None = None) -> tuple[list[dict
     not run again shows no figure rather than an old one under the new name. -> (rows,
     one line per left-out cell and entry, of the entries ``shown`` where given)"""
     cells = {c["id"]: c for c in load_cells()}
-    now = {"cobo": _run.entry_settings("cobo", {})}
-    for name, over in _run.load_candidates().items():
-        now[name] = _run.entry_settings("cobo", over)
+    overrides = {"cobo": {}, **_run.load_candidates()}
+    now: dict[tuple[str, str], dict] = {}  # (cell, entry) -> its settings on that cell
     last = {(r["cell"], r["entry"], r["seed"]): r for r in rows}
     stale = defaultdict(list)
     for (cell, entry, seed), r in last.items():
-        if entry in now and not _run.same_settings(r.get("settings"), now[entry], cells.get(cell)):
+        if entry not in overrides:
+            continue
+        if (cell, entry) not in now:
+            now[(cell, entry)] = _run.entry_settings("cobo", overrides[entry], cells.get(cell))
+        if not _run.same_settings(r.get("settings"), now[(cell, entry)], cells.get(cell)):
             stale[(cell, entry)].append(seed)
     kept = [r for r in rows if r["seed"] not in stale.get((r["cell"], r["entry"]), ())]
     notes = [

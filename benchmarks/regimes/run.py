@@ -153,12 +153,14 @@ def ran_settings(run_dir: Path) -> dict | None:
     return (yaml.safe_load(path.read_text()) or {}).get("algorithm") or None
 
 
-def entry_settings(method: str, overrides: dict) -> dict:
+def entry_settings(method: str, overrides: dict, cell: dict | None = None) -> dict:
     """The settings an entry runs with now, as a run pins them (the defaults' values
-    written out): what a finished row must match to count as this entry's."""
+    written out), on ``cell`` with the cell's own algorithm keys (its step size): what a
+    finished row must match to count as this entry's."""
     from raycobo.config import validate
 
-    algorithm = {"name": method, **overrides}
+    own = (cell or {}).get("config", {}).get("algorithm") or {}
+    algorithm = {**own, "name": method, **overrides}
     return validate({"algorithm": algorithm}).pinned().to_dict()["algorithm"]
 
 
@@ -300,12 +302,12 @@ def plan_jobs(
     ran, None for a row written before rows recorded them) with the entry's settings of
     now, longest cells first; ``where``: device, data_root."""
     jobs = []
-    now = {entry: entry_settings(method, over) for entry, (method, over) in entries.items()}
     for cell in sorted(cells, key=lambda c: -c.get("minutes", 1)):
         for entry, (method, overrides) in entries.items():
+            now = entry_settings(method, overrides, cell)
             for seed in seeds:
                 key = (cell["id"], entry, seed, split)
-                if key in done and same_settings(done[key], now[entry], cell):
+                if key in done and same_settings(done[key], now, cell):
                     continue
                 jobs.append(
                     dict(
@@ -331,7 +333,7 @@ def copied_runs(jobs: list[dict], rows: list[dict]) -> tuple[list[dict], list[di
     todo, copies = [], []
     for job in jobs:
         cell = job["cell"]
-        now = entry_settings(job["method"], job["overrides"])
+        now = entry_settings(job["method"], job["overrides"], cell)
         found = next(
             (
                 r
