@@ -88,3 +88,19 @@ def test_the_protocols_step_size_is_not_tuned(tmp_path):
     ditto = yaml.safe_load(grid.protocol_space("ditto", tmp_path).read_text())
     assert "algorithm.lr" not in ditto["space"] and "algorithm.lam" in ditto["space"]
     assert grid.protocol_space("fedfomo", tmp_path) == REPO / "tune_spaces" / "tune_fedfomo.yaml"
+
+
+def test_every_entrys_space_fits_the_grids_runs(tmp_path, monkeypatch):
+    """Each tuned entry's space, as the grid uses it, checked against the entry's config
+    in both settings (fedavg_ft's fine-tuning rounds fit 40 rounds: the grid's own space)."""
+    from raycobo.comparison.plan import entry_config
+    from raycobo.tune.entry import check_entry
+
+    monkeypatch.setattr(grid, "epoch_steps", lambda cfg: 7)
+    for setting in grid.SETTINGS:
+        entries = grid.entries_for(setting, list(grid.ENTRIES))
+        cfg, _ = grid.grid_config(setting, entries, False)
+        for entry in entries:
+            if grid.ENTRIES[entry][1]:
+                check_entry(entry_config(cfg, entry), grid.protocol_space(entry, tmp_path))
+    assert grid.protocol_space("fedavg_ft", tmp_path) == HERE / "spaces" / "tune_fedavg_ft.yaml"

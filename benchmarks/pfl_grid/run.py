@@ -130,10 +130,12 @@ def _flat(cfg: Config, over: dict) -> list[str]:
 def protocol_space(entry: str, root: Path) -> Path:
     """The entry's tune space without the protocol's FIXED keys (PFLlib runs every method
     at lr 0.005; Ditto's space also tunes lr): the file itself where it has none, else a
-    copy under ``root/spaces/`` without them."""
+    copy under ``root/spaces/`` without them. A space in the grid's own ``spaces/``
+    (one whose axis counts rounds) is used in place of ``tune_spaces/``'s."""
     import yaml
 
-    src = REPO / "tune_spaces" / ENTRIES[entry][1]
+    own = HERE / "spaces" / ENTRIES[entry][1]  # a space sized for the grid's length
+    src = own if own.is_file() else REPO / "tune_spaces" / ENTRIES[entry][1]
     space = yaml.safe_load(src.read_text())
     if not set(space["space"]) & set(FIXED):
         return src

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from raycobo.algorithms import build_algorithm
 from raycobo.config import (
     Config,
     ConfigError,
@@ -244,7 +245,7 @@ def read_spec(p: Path) -> SweepSpec:
 
 def check_space(spec: SweepSpec, base: Config, p: Path) -> None:
     """Every key of the space, at its bounds, against the base config and every method
-    the space sweeps."""
+    the space sweeps, as a config and as the method built for the base's rounds."""
     if not spec.space:
         raise ConfigError(f"sweep {p} has an empty 'space': nothing to search")
     # a space that sweeps the method checks every other key against each method
@@ -255,7 +256,9 @@ def check_space(spec: SweepSpec, base: Config, p: Path) -> None:
             for method in methods:
                 point = {key: value} if method is None else {"algorithm.name": method, key: value}
                 try:
-                    with_overrides(base, point)
+                    cfg = with_overrides(base, point)
+                    # the method's own checks against the run (fedavg_ft's ft_steps < rounds)
+                    build_algorithm(cfg.algorithm, cfg.rounds, cfg.seed)
                 except ConfigError as err:
                     raise ConfigError(f"invalid sweep space 'space.{key}': {err}") from None
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from raycobo.cli import app
-from raycobo.config import ConfigError, load_config
+from raycobo.config import ConfigError, load_config, with_overrides
 from raycobo.tune.space import load_sweep
 
 SPACE = """\
@@ -509,3 +509,18 @@ def test_every_shipped_space_runs_end_to_end_on_a_tiny_budget(tmp_path):
         # errors only where the space itself names a value the tiny run cannot take
         for t in summary["trials"]:
             assert t["status"] != "error" or "ft_steps" in (t["error"] or ""), (path, t)
+
+
+def test_a_space_the_method_refuses_at_the_runs_length_is_refused_before_any_trial(tmp_path):
+    """fedavg_ft's ft_steps must leave FedAvg rounds: a space of 50 fine-tuning rounds on a
+    40-round run is refused by name when checked, not as five failed trials."""
+    from raycobo.tune.space import check_space, read_spec
+
+    p = tmp_path / "ft.yaml"
+    p.write_text("space:\n  algorithm.ft_steps: {grid: [5, 50]}\nmetric: mean_accuracy\n")
+    base = load_config(None, ["algorithm.name=fedavg_ft", "rounds=40"])
+    with pytest.raises(ConfigError) as info:
+        check_space(read_spec(p), base, p)
+    msg = str(info.value)
+    assert "space.algorithm.ft_steps" in msg and "rounds=40" in msg and "\n" not in msg
+    check_space(read_spec(p), with_overrides(base, {"rounds": 60}), p)  # 50 < 60: accepted
