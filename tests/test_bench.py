@@ -14,9 +14,12 @@ def test_bench_engine_and_scaling_write_their_outputs(tmp_path):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     rows = list(csv.DictReader((tmp_path / "e" / "bench_engine.csv").open()))
-    assert {(r["model"], r["algorithm"], r["engine"]) for r in rows} == {
+    # the loop times the named entries; the local engine Local and CoBo's paper preset too
+    named = {
         (m, a, e) for m in ("mlp", "cnn") for a in ("cobo", "fedavg") for e in ("local", "loop")
     }
+    refs = {(m, a, "local") for m in ("mlp", "cnn") for a in ("local", "cobo-paper")}
+    assert {(r["model"], r["algorithm"], r["engine"]) for r in rows} == named | refs
     # the strategy the local engine chose on this CPU, and each measurement's own peak
     chosen = {(r["model"], r["engine"]): r["strategy"] for r in rows}
     assert chosen[("cnn", "local")] == "loop" and chosen[("mlp", "local")] == "chunked"
@@ -26,6 +29,16 @@ def test_bench_engine_and_scaling_write_their_outputs(tmp_path):
     assert all(float(r["gflop_per_round"]) > 0 and float(r["limit_ms"]) > 0 for r in local)
     assert "GFLOP/round" in res.output and "of the same round's" in res.output
     assert "| mlp | 4 | cobo |" in res.output
+    # passes a round: Local and FedAvg one gradient a client; CoBo's pair scores on top;
+    # every local row's time against Local's and the paper preset's from the same process
+    by = {(r["model"], r["algorithm"]): r for r in local}
+    assert float(by[("mlp", "local")]["grads_per_round"]) == 4.0
+    assert float(by[("mlp", "fedavg")]["grads_per_round"]) == 4.0
+    assert float(by[("mlp", "cobo")]["grads_per_round"]) > 4.0
+    assert float(by[("mlp", "local")]["vs_local"]) == 1.0
+    assert float(by[("mlp", "cobo-paper")]["vs_paper"]) == 1.0
+    bad = CliRunner().invoke(app, ["bench", "engine", "--algorithms", "cobo-rhoo"])
+    assert bad.exit_code == 2 and "--algorithms" in bad.stderr and "cobo-rhoo" in bad.stderr
     bad = CliRunner().invoke(app, ["bench", "engine", "--model", "vgg"])
     assert bad.exit_code == 2 and "--model" in bad.stderr
     bad = CliRunner().invoke(app, ["bench", "engine", "--strategy", "fast"])
@@ -104,7 +117,7 @@ def test_bench_engine_measures_each_named_strategy_against_one_loop(tmp_path):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     rows = list(csv.DictReader((tmp_path / "bench_engine.csv").open()))
-    assert [(r["engine"], r["strategy"]) for r in rows] == [
+    assert [(r["engine"], r["strategy"]) for r in rows if r["algorithm"] == "cobo"] == [
         ("loop", "loop"),
         ("local", "vmap"),
         ("local", "chunked"),

@@ -53,6 +53,28 @@ def started(algo, ops):
     return session
 
 
+class CountingOps:
+    """``ops`` that counts the clients' minibatch passes it answers: a row of a ``grads``
+    call is one gradient (a forward and a backward on one minibatch), a row of a
+    ``losses`` call one forward. Everything else is ``ops``'s own."""
+
+    def __init__(self, ops):
+        self._ops = ops
+        self.grad_rows = 0
+        self.loss_rows = 0
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+    def grads(self, clients, *args, **kwargs):
+        self.grad_rows += len(clients)
+        return self._ops.grads(clients, *args, **kwargs)
+
+    def losses(self, clients, *args, **kwargs):
+        self.loss_rows += len(clients)
+        return self._ops.losses(clients, *args, **kwargs)
+
+
 def write_rows(path: Path, rows: list) -> None:
     """Dataclass rows as a CSV with a header."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,14 @@ Each (model, n, engine) is measured in a fresh process, so its peak resident mem
 its own. The workload is the platform's own: FedAvg and CoBo (constant sampling,
 p = 1/n, rho auto) from ``raycobo.algorithms`` over ``make_local_ops``, on synthetic
 inputs of the model's shape. Each local-engine row also gives the round's FLOPs and
-its share of this machine's limit on the round's own operators (``bench/limit.py``).
+its share of this machine's limit on the round's own operators (``bench/limit.py``),
+its minibatch passes (gradients and forward-only losses) a round, and its time against
+Local's and against CoBo's ``preset: paper`` measured in the same process.
+
+Entries (``algorithms``): a method's name with its defaults (``cobo``, ``fedavg``,
+``local``), ``cobo-paper`` (``algorithm.preset: paper``), or ``cobo-KEY``: CoBo's
+defaults with one preset key at the paper preset's value (``cobo-alignment_batches``:
+one minibatch an end), what that default costs.
 """
 
 from __future__ import annotations
@@ -18,8 +25,16 @@ from pathlib import Path
 
 import torch
 
-from raycobo.bench.common import _time, peak_rss_mb, started, synthetic_data, write_rows
+from raycobo.bench.common import (
+    CountingOps,
+    _time,
+    peak_rss_mb,
+    started,
+    synthetic_data,
+    write_rows,
+)
 from raycobo.bench.limit import round_limit
+from raycobo.settings import ConfigError
 
 SHAPES = {
     "mlp": (1, 28, 28),
@@ -45,6 +60,31 @@ class EngineRow:
     gflop_per_round: float | None = None  # the round's matrix products and convolutions
     limit_ms: float | None = None  # the same operators replayed back to back here
     share_of_limit: float | None = None  # limit_ms / ms_per_round
+    grads_per_round: float | None = None  # minibatch gradients a round (local engine)
+    losses_per_round: float | None = None  # forward-only minibatch losses a round
+    vs_local: float | None = None  # ms_per_round over Local's, same process
+    vs_paper: float | None = None  # ms_per_round over CoBo preset paper's, same process
+
+
+REFERENCES = ("local", "cobo-paper")  # measured beside every local-engine row
+
+
+def entry_overrides(entry: str) -> dict:
+    """The config keys of a bench entry (module docstring); an unknown one raises."""
+    from raycobo.algorithms import method_names
+    from raycobo.algorithms.cobo.settings import PRESET_KEYS, PRESETS
+
+    if entry in method_names():
+        return {"algorithm.name": entry}
+    if entry == "cobo-paper":
+        return {"algorithm.name": "cobo", "algorithm.preset": "paper"}
+    key = entry.removeprefix("cobo-")
+    if entry.startswith("cobo-") and key in PRESET_KEYS:
+        return {"algorithm.name": "cobo", f"algorithm.{key}": PRESETS["paper"][key]}
+    raise ConfigError(
+        f"--algorithms: unknown entry '{entry}' (a method, cobo-paper, or cobo-KEY with KEY "
+        f"one of CoBo's preset keys: {', '.join(PRESET_KEYS)})"
+    )
 
 
 def workload(model: str, n: int, engine: str, batch_size: int, extra: list[str] | None = None):
@@ -78,8 +118,9 @@ def measure(
     device: str = "cpu",
     strategy: str = "auto",
 ) -> list[dict]:
-    """One (model, n, engine, strategy): ms per round of each algorithm, one evaluation,
-    peak RSS (and peak GPU memory on CUDA). Runs in its own process (see bench_engine)."""
+    """One (model, n, engine, strategy): ms per round of each entry (the local engine:
+    the REFERENCES too), one evaluation, peak RSS (and peak GPU memory on CUDA). Runs in
+    its own process (see bench_engine)."""
     from raycobo.algorithms import build_algorithm
     from raycobo.config import with_overrides
     from raycobo.engine import make_local_ops
@@ -87,12 +128,15 @@ def measure(
     torch.set_num_threads(threads)
     extra = [f"engine.device={device}", f"engine.strategy={strategy}"]
     cfg, data = workload(model, n, engine, batch_size, extra)
-    ops = make_local_ops(cfg, data)
+    ops = CountingOps(make_local_ops(cfg, data))
     cuda = device.startswith("cuda")
     out = []
+    if engine == "local":
+        algorithms = [*algorithms, *(r for r in REFERENCES if r not in algorithms)]
     for name in algorithms:
-        algo = build_algorithm(with_overrides(cfg, {"algorithm.name": name}).algorithm, 10**6, 0)
+        algo = build_algorithm(with_overrides(cfg, entry_overrides(name)).algorithm, 10**6, 0)
         session = started(algo, ops)
+        ops.grad_rows = ops.loss_rows = 0
 
         def step(t, session=session):
             session.round(t)
@@ -100,12 +144,15 @@ def measure(
                 torch.cuda.synchronize()
 
         sec = _time(step, rounds, warmup=1)
+        passes = (ops.grad_rows / (rounds + 1), ops.loss_rows / (rounds + 1))
         ev = _time(lambda t, s=session: s.evaluate(), 1, warmup=0)
         row = {
             "algorithm": name,
             "ms_per_round": 1e3 * sec,
             "eval_ms": 1e3 * ev,
             "strategy": ops.execution.strategy if engine == "local" else "loop",
+            "grads_per_round": passes[0],
+            "losses_per_round": passes[1],
         }
         if engine == "local":  # the round's arithmetic and this machine's limit for it
             # the recorded round rerun and replayed up to 5 times (a 1-round bench: once)
@@ -118,6 +165,10 @@ def measure(
             }
         out.append(row)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb()
+    ms = {r["algorithm"]: r["ms_per_round"] for r in out}
+    for r in out:
+        r["vs_local"] = r["ms_per_round"] / ms["local"] if "local" in ms else None
+        r["vs_paper"] = r["ms_per_round"] / ms["cobo-paper"] if "cobo-paper" in ms else None
     return [{**r, "peak_mib": peak} for r in out]
 
 
@@ -168,10 +219,13 @@ def bench_engine(
     timeout_s: float = 3600.0,
     device: str = "cpu",
     strategies: list[str] = ("auto",),
+    with_loop: bool = True,
 ) -> list[EngineRow]:
-    """The loop once per (model, n), then the local engine with each of ``strategies``
-    (``auto`` is reported as what it chose). Peak memory: the process's resident set on
-    a CPU, the GPU memory allocated on CUDA."""
+    """The loop once per (model, n) (``with_loop``), then the local engine with each of
+    ``strategies`` (``auto`` is reported as what it chose) and the REFERENCES. Peak
+    memory: the process's resident set on a CPU, the GPU memory allocated on CUDA."""
+    for a in algorithms:
+        entry_overrides(a)  # an unknown entry stops here, before any measurement
     threads = threads or torch.get_num_threads()
     echo(f"torch threads: {threads}, load average: {os.getloadavg()[0]:.2f}, device {device}")
     rows: list[EngineRow] = []
@@ -185,17 +239,27 @@ def bench_engine(
 
     for model in models:
         for n in clients:
-            loop = fresh(model, n, "loop", "auto")
-            rows += [_row(model, n, "loop", r, r, threads) for r in loop]
+            loop = {r["algorithm"]: r for r in fresh(model, n, "loop", "auto")} if with_loop else {}
+            rows += [_row(model, n, "loop", r, r, threads) for r in loop.values()]
             for strategy in strategies:
-                for loop_r, r in zip(loop, fresh(model, n, "local", strategy), strict=True):
+                for r in fresh(model, n, "local", strategy):
+                    loop_r = loop.get(r["algorithm"])
                     rows.append(_row(model, n, "local", r, loop_r, threads))
+                    vs = f"x{r['vs_local']:.2f} Local" + (
+                        f", x{r['vs_paper']:.2f} paper" if r["vs_paper"] is not None else ""
+                    )
+                    against = (
+                        f"   loop {loop_r['ms_per_round']:9.1f} ms/round "
+                        f"{loop_r['peak_mib']:7.0f} MiB   "
+                        f"x{loop_r['ms_per_round'] / r['ms_per_round']:.2f}"
+                        if loop_r
+                        else ""
+                    )
                     echo(
                         f"{model:8s} n={n:4d} {r['algorithm']:6s} local ({r['strategy']}) "
                         f"{r['ms_per_round']:9.1f} ms/round {r['peak_mib']:7.0f} MiB   "
-                        f"loop {loop_r['ms_per_round']:9.1f} ms/round "
-                        f"{loop_r['peak_mib']:7.0f} MiB   "
-                        f"x{loop_r['ms_per_round'] / r['ms_per_round']:.2f}"
+                        f"{r['grads_per_round']:.0f} gradients + {r['losses_per_round']:.0f} "
+                        f"losses a round, {vs}{against}"
                     )
                     echo(f"{'':8s} {r['algorithm']}: {r['limit_line']}")
     if out is not None:
@@ -203,8 +267,8 @@ def bench_engine(
     return rows
 
 
-def _row(model: str, n: int, engine: str, r: dict, loop_r: dict, threads: int) -> EngineRow:
-    speed = loop_r["ms_per_round"] / r["ms_per_round"]
+def _row(model: str, n: int, engine: str, r: dict, loop_r: dict | None, threads: int) -> EngineRow:
+    speed = loop_r["ms_per_round"] / r["ms_per_round"] if loop_r else None
     return EngineRow(
         model,
         n,
@@ -219,25 +283,38 @@ def _row(model: str, n: int, engine: str, r: dict, loop_r: dict, threads: int) -
         r.get("gflop_per_round"),
         r.get("limit_ms"),
         r.get("share_of_limit"),
+        r.get("grads_per_round"),
+        r.get("losses_per_round"),
+        r.get("vs_local"),
+        r.get("vs_paper"),
     )
 
 
 def as_markdown(rows: list[EngineRow]) -> str:
-    """The throughput table (docs/explanation/throughput.md): one line per (model, n, algorithm)."""
+    """The throughput table (docs/explanation/throughput.md): one line per local-engine
+    (model, n, entry)."""
     lines = [
-        "| model | n | algorithm | local (strategy) ms/round | loop ms/round | local/loop speed | "
+        "| model | n | entry | local (strategy) ms/round | vs Local | vs paper | "
+        "gradients + losses a round | loop ms/round | local/loop speed | "
         "peak MiB local / loop | GFLOP/round | share of limit |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     loops = {(r.model, r.n, r.algorithm): r for r in rows if r.engine == "loop"}
     for a in rows:
         if a.engine != "local":
             continue
-        b = loops[(a.model, a.n, a.algorithm)]
+        b = loops.get((a.model, a.n, a.algorithm))
         lines.append(
             f"| {a.model} | {a.n} | {a.algorithm} | {a.ms_per_round:.1f} ({a.strategy}) | "
-            f"{b.ms_per_round:.1f} | x{b.ms_per_round / a.ms_per_round:.2f} | "
-            f"{a.peak_mib:.0f} / {b.peak_mib:.0f} | {a.gflop_per_round or 0:.3f} | "
-            f"{100 * (a.share_of_limit or 0):.0f} % |"
+            f"{_x(a.vs_local)} | {_x(a.vs_paper)} | "
+            f"{a.grads_per_round or 0:.0f} + {a.losses_per_round or 0:.0f} | "
+            f"{f'{b.ms_per_round:.1f}' if b else '-'} | "
+            f"{_x(b.ms_per_round / a.ms_per_round) if b else '-'} | "
+            f"{a.peak_mib:.0f} / {f'{b.peak_mib:.0f}' if b else '-'} | "
+            f"{a.gflop_per_round or 0:.3f} | {100 * (a.share_of_limit or 0):.0f} % |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"x{ratio:.2f}"
