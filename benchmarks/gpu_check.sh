@@ -10,18 +10,24 @@
 #      parity, Ray hosts on GPU fractions = CPU, the fractions' accounting;
 #   4. Ray on 16 cores: CNN, 80 clients, 8 resident hosts x 2 threads against the local
 #      engine, with the hosts' start-up time; and 80 clients as 4 hosts x 0.25 GPU
-#      against the local engine on the same GPU.
+#      against the local engine on the same GPU;
+#   5. what CoBo's defaults cost a round (`raycobo bench engine`): gradients a round and
+#      time against Local's and the paper preset's, with one minibatch an end
+#      (cobo-alignment_batches) beside them; MLP at 20, 80 and 800 clients and the CNN at
+#      12, on CUDA and on 2 of the machine's CPU threads (a quiet 2-core box's figures).
 # Prepare the wheels here first (benchmarks/device_wheels.sh), then call the device tool
 # with carry [".whl"] and the command:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && \
 #     OUT=$OUT benchmarks/gpu_check.sh
-# RAY=0: no Ray there (step 4 and the Ray tests are left out). STEPS=1,2,3,4 picks steps.
+# RAY=0: no Ray there (step 4 and the Ray tests are left out). STEPS=1,2,3,4,5 picks steps;
+# PAPER="--setting cross_device --precision bf16" narrows step 1.
 set -u
 OUT=${OUT:-gpu_check}
 PY=${PY:-python3}
 RAY=${RAY:-1}
-STEPS=${STEPS:-1,2,3,4}
+STEPS=${STEPS:-1,2,3,4,5}
+PAPER=${PAPER:---setting cross_device,cross_silo --precision fp32,tf32,bf16 --layout nchw,nhwc}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD  # the tests import tests.helpers
@@ -38,8 +44,8 @@ uptime | tee -a "$OUT/gpu.txt"
 set -o pipefail
 
 if want 1; then
-  timeout 200 "$PY" -m raycobo bench paper --device cuda --setting cross_device,cross_silo \
-    --precision fp32,tf32,bf16 --layout nchw,nhwc --rounds 2 --out "$OUT" \
+  # shellcheck disable=SC2086 # PAPER is a list of options
+  timeout 200 "$PY" -m raycobo bench paper --device cuda $PAPER --rounds 2 --out "$OUT" \
     2>&1 | tee "$OUT/paper.log"
 fi
 if want 2 && "$PY" -c "import airbench" 2>/dev/null; then
@@ -60,5 +66,15 @@ if want 4 && [ "$RAY" = 1 ]; then
   timeout 90 "$PY" -m raycobo bench ray --model cnn --clients 80 --per-actor 20 \
     --schedule sync,resident --device cuda --gpus-per-client 0.0125 --rounds 5 "${FMNIST[@]}" \
     2>&1 | tee -a "$OUT/ray.log"
+fi
+if want 5; then
+  COST=(--algorithms cobo,cobo-alignment_batches --no-loop --rounds 5)
+  for dev in cuda cpu; do
+    threads=(); [ "$dev" = cpu ] && threads=(--threads 2)
+    timeout $([ "$dev" = cpu ] && echo 150 || echo 90) "$PY" -m raycobo bench engine --device "$dev" --model mlp --clients 20,80,800 \
+      "${COST[@]}" "${threads[@]}" --out "$OUT/cost-$dev-mlp" 2>&1 | tee -a "$OUT/cost.log"
+    timeout 60 "$PY" -m raycobo bench engine --device "$dev" --model cnn --clients 12 \
+      "${COST[@]}" "${threads[@]}" --out "$OUT/cost-$dev-cnn" 2>&1 | tee -a "$OUT/cost.log"
+  done
 fi
 exit 0
