@@ -8,6 +8,15 @@ from typing import ClassVar
 import torch
 
 
+def compact_rows(
+    pool: torch.Tensor, idx: list[torch.Tensor]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The rows of ``pool`` that ``idx`` use, once each and in order, and the indices
+    into them: ``(pool[rows], [positions of idx[k] in rows])``."""
+    rows = torch.unique(torch.cat(idx)) if idx else torch.empty(0, dtype=torch.int64)
+    return pool[rows], [torch.searchsorted(rows, i) for i in idx]
+
+
 @dataclass
 class FederatedData:
     """Supervised data of n clients.
@@ -82,14 +91,10 @@ class FederatedData:
     def subset(self, clients: list[int]) -> FederatedData:
         """The data of ``clients`` only, with compacted feature pools (for one host)."""
 
-        def compact(pool: torch.Tensor, idx: list[torch.Tensor]):
-            rows = torch.unique(torch.cat(idx)) if idx else torch.empty(0, dtype=torch.int64)
-            return pool[rows].clone(), [torch.searchsorted(rows, i) for i in idx]
-
         tr = [self.train_idx[c] for c in clients]
         te = [self.test_idx[c] for c in clients]
-        train_x, tr = compact(self.train_x, tr)
-        test_x, te = compact(self.test_x, te)
+        train_x, tr = compact_rows(self.train_x, tr)
+        test_x, te = compact_rows(self.test_x, te)
         return FederatedData(
             name=self.name,
             train_x=train_x,

@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 
 from raycobo.config import ConfigError
-from raycobo.data.base import FederatedData
+from raycobo.data.base import FederatedData, compact_rows
 
 SYMMETRIES = 8  # the square's: 4 rotations, each with and without a transpose
 
@@ -65,9 +65,9 @@ def _per_cluster(
     blocks, out, start = [], list(idx), 0
     for k, cluster in enumerate(clusters):
         members = [c for c, of_c in enumerate(of) if of_c == cluster]
-        rows = torch.unique(torch.cat([idx[c] for c in members]))  # sorted
-        blocks.append(symmetry(pool[rows], k))
-        for c in members:
-            out[c] = start + torch.searchsorted(rows, idx[c])
-        start += rows.numel()
+        rows, within = compact_rows(pool, [idx[c] for c in members])
+        blocks.append(symmetry(rows, k))
+        for c, i in zip(members, within, strict=True):
+            out[c] = start + i
+        start += rows.shape[0]
     return torch.cat(blocks), out
