@@ -18,7 +18,8 @@ steps for every client, round(mean training samples / 10) (PFLlib: each client i
 len / 10); CoBo and FC take one step a round, so they run that many rounds an epoch and
 are evaluated at the same epochs.
 
-Each entry with a space in ``tune_spaces/`` is tuned first on validation data (20 % of
+Each entry with a space in ``tune_spaces/`` (or the grid's own ``spaces/``, where an axis
+counts rounds) is tuned first on validation data (20 % of
 each client's training samples held out, seed 0), as ``compare --tune`` does; the picked
 values then run on every seed, scored on the test split. Reported (``report.py``):
 PFLlib's metric, the sample-weighted mean test accuracy (all clients' correct answers
