@@ -28,18 +28,21 @@ at the last.
 
 ``--quick``: the pathological setting, one seed, 20 rounds, no tuning, five entries
 (minutes; what CI runs). Finished comparisons are kept: a second call resumes what is
-missing.
+missing. Each entry's tuned values go to ``tuned/<setting>.json`` (in the repository) as
+its sweep ends, and are reused while grid.yaml and the entry's space are unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from raycobo.api import tuned, with_tuned
+from raycobo.api import with_tuned
 from raycobo.comparison import run_compare
 from raycobo.config import Config, load_config, load_stored_config
 
@@ -153,6 +156,44 @@ def entries_for(setting: str, wanted: list[str]) -> list[str]:
     return [e for e in wanted if clusters or not ENTRIES[e][2]]
 
 
+def picks_file(setting: str) -> Path:
+    """The setting's tuned values, kept in the repository: tuning is most of the grid's
+    time, and a run directory does not outlive its machine."""
+    return HERE / "tuned" / f"{setting}.json"
+
+
+def _digest(*texts: str) -> str:
+    return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
+
+
+def tune_entries(setting: str, cfg: Config, spaces: dict[str, Path], root: Path) -> dict:
+    """Each entry's picked values (entry -> key -> value), tuned on validation one entry
+    at a time; a pick is kept in ``picks_file`` as soon as its sweep ends and reused
+    while the grid's config and the entry's space are unchanged."""
+    from raycobo.comparison.plan import entry_config
+    from raycobo.tune.entry import check_entry, tune_entry
+
+    path = picks_file(setting)
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    grid = (HERE / "grid.yaml").read_text() + json.dumps(SETTINGS[setting], sort_keys=True)
+    for entry, space in spaces.items():  # every space checked before any sweep runs
+        check_entry(entry_config(cfg, entry), space)
+    picked = {}
+    for entry, space in spaces.items():
+        key = _digest(grid, space.read_text())
+        if saved.get(entry, {}).get("digest") == key:
+            picked[entry] = saved[entry]["values"]
+            continue
+        print(f"[{setting}] tuning {entry} on validation ({space.name})", flush=True)
+        sweep_dir = root / f"tune-{entry}"
+        shutil.rmtree(sweep_dir, ignore_errors=True)  # a sweep cut off before it ended
+        picked[entry] = tune_entry(entry_config(cfg, entry), space, sweep_dir)
+        saved[entry] = {"digest": key, "values": picked[entry]}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    return picked
+
+
 def run_setting(
     setting: str, wanted: list[str], seeds: list[int], out: Path, quick: bool, tune: bool
 ) -> None:
@@ -166,12 +207,7 @@ def run_setting(
         cfg, E = grid_config(setting, entries, quick)
         spaces = {e: protocol_space(e, root) for e in entries if ENTRIES[e][1]}
         if tune and spaces:
-            saved = root / "tuned.json"
-            if saved.is_file() and set(json.loads(saved.read_text())) == set(spaces):
-                cfg = with_tuned(cfg, json.loads(saved.read_text()))
-            else:
-                print(f"[{setting}] tuning {', '.join(spaces)} on validation", flush=True)
-                cfg = tuned(cfg, entries, spaces, root)
+            cfg = with_tuned(cfg, tune_entries(setting, cfg, spaces, root))
         root.mkdir(parents=True, exist_ok=True)
         (root / "grid.json").write_text(json.dumps({"epoch_steps": E, "setting": setting}))
     t0 = time.perf_counter()
