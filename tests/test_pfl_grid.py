@@ -104,3 +104,34 @@ def test_every_entrys_space_fits_the_grids_runs(tmp_path, monkeypatch):
             if grid.ENTRIES[entry][1]:
                 check_entry(entry_config(cfg, entry), grid.protocol_space(entry, tmp_path))
     assert grid.protocol_space("fedavg_ft", tmp_path) == HERE / "spaces" / "tune_fedavg_ft.yaml"
+
+
+def test_a_tuned_pick_is_kept_and_reused_until_its_space_changes(tmp_path, monkeypatch):
+    """Each entry's pick is written as its sweep ends and reused by the next call; an
+    entry whose space changed is tuned again, the others are not."""
+    import raycobo.tune.entry as tune_entry
+
+    monkeypatch.setattr(grid, "epoch_steps", lambda cfg: 7)
+    monkeypatch.setattr(grid, "picks_file", lambda setting: tmp_path / f"{setting}.json")
+    swept = []
+
+    def fake_sweep(cfg, space, out):
+        swept.append(cfg.algorithm.name)
+        return {"algorithm.lam": 0.1} if cfg.algorithm.name == "ditto" else {"algorithm.k": 1}
+
+    monkeypatch.setattr(tune_entry, "tune_entry", fake_sweep)
+    monkeypatch.setattr(tune_entry, "check_entry", lambda cfg, space: None)
+    cfg, _ = grid.grid_config("pathological", ["ditto", "fedfomo"], False)
+    spaces = {e: tmp_path / f"{e}.yaml" for e in ("ditto", "fedfomo")}
+    for e, path in spaces.items():
+        path.write_text(f"space of {e}\n")
+    first = grid.tune_entries("pathological", cfg, spaces, tmp_path / "runs")
+    assert swept == ["ditto", "fedfomo"]
+    assert first["ditto"] == {"algorithm.lam": 0.1}
+    assert grid.tune_entries("pathological", cfg, spaces, tmp_path / "runs") == first
+    assert len(swept) == 2  # nothing swept again
+    spaces["fedfomo"].write_text("a wider space\n")
+    grid.tune_entries("pathological", cfg, spaces, tmp_path / "runs")
+    assert swept == ["ditto", "fedfomo", "fedfomo"]  # fedfomo alone, again
+    saved = json.loads((tmp_path / "pathological.json").read_text())
+    assert set(saved) == {"ditto", "fedfomo"} and saved["ditto"]["values"] == first["ditto"]
