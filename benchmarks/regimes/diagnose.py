@@ -108,7 +108,7 @@ def run_mode(
     cfg = regimes.cell_config(cell, split, seed)
     if (cfg.get("engine") or {}).get("kind", "local") != "local":
         raise ValueError(f"{cell['id']}: diagnose.py runs the local engine only")
-    cfg["algorithm"] = {"name": "cobo"}
+    cfg["algorithm"] = {**(cfg.get("algorithm") or {}), "name": "cobo"}  # the cell's lr kept
     cfg["engine"] = {**(cfg.get("engine") or {}), "threads": threads}
     if rounds is not None:
         cfg["rounds"], cfg["eval_every"] = rounds, rounds

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     cfg = regimes.cell_config(cells[args.cell], args.split, args.seed)
-    cfg["algorithm"] = {"name": "cobo"}
+    cfg["algorithm"] = {**(cfg.get("algorithm") or {}), "name": "cobo"}  # the cell's lr kept
     for row in measure(cfg, at, args.batches, args.pairs):
         print(json.dumps(row), flush=True)
     return 0

@@ -135,41 +135,46 @@ def measure(
         algorithms = [*algorithms, *(r for r in REFERENCES if r not in algorithms)]
     for name in algorithms:
         algo = build_algorithm(with_overrides(cfg, entry_overrides(name)).algorithm, 10**6, 0)
-        session = started(algo, ops)
-        ops.grad_rows = ops.loss_rows = 0
-
-        def step(t, session=session):
-            session.round(t)
-            if cuda:  # the GPU works asynchronously: a round ends with its kernels
-                torch.cuda.synchronize()
-
-        sec = _time(step, rounds, warmup=1)
-        passes = (ops.grad_rows / (rounds + 1), ops.loss_rows / (rounds + 1))
-        ev = _time(lambda t, s=session: s.evaluate(), 1, warmup=0)
-        row = {
-            "algorithm": name,
-            "ms_per_round": 1e3 * sec,
-            "eval_ms": 1e3 * ev,
-            "strategy": ops.execution.strategy if engine == "local" else "loop",
-            "grads_per_round": passes[0],
-            "losses_per_round": passes[1],
-        }
-        if engine == "local":  # the round's arithmetic and this machine's limit for it
-            # the recorded round rerun and replayed up to 5 times (a 1-round bench: once)
-            lim = round_limit(session, ops, rounds + 1, repeats=min(5, rounds))
-            row |= {
-                "gflop_per_round": lim.round_gflop,
-                "limit_ms": lim.round_limit_ms,
-                "share_of_limit": lim.share(),
-                "limit_line": lim.line(),
-            }
-        out.append(row)
+        out.append(_measure_entry(name, started(algo, ops), ops, engine, rounds, cuda))
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb()
     ms = {r["algorithm"]: r["ms_per_round"] for r in out}
     for r in out:
         r["vs_local"] = r["ms_per_round"] / ms["local"] if "local" in ms else None
         r["vs_paper"] = r["ms_per_round"] / ms["cobo-paper"] if "cobo-paper" in ms else None
     return [{**r, "peak_mib": peak} for r in out]
+
+
+def _measure_entry(name: str, session, ops, engine: str, rounds: int, cuda: bool) -> dict:
+    """One entry's row: ms per round, one evaluation, its gradient and loss rows a round,
+    and on the local engine the round's arithmetic against this machine's limit."""
+    ops.grad_rows = ops.loss_rows = 0
+
+    def step(t):
+        session.round(t)
+        if cuda:  # the GPU works asynchronously: a round ends with its kernels
+            torch.cuda.synchronize()
+
+    sec = _time(step, rounds, warmup=1)
+    passes = (ops.grad_rows / (rounds + 1), ops.loss_rows / (rounds + 1))
+    ev = _time(lambda t: session.evaluate(), 1, warmup=0)
+    row = {
+        "algorithm": name,
+        "ms_per_round": 1e3 * sec,
+        "eval_ms": 1e3 * ev,
+        "strategy": ops.execution.strategy if engine == "local" else "loop",
+        "grads_per_round": passes[0],
+        "losses_per_round": passes[1],
+    }
+    if engine == "local":  # the round's arithmetic and this machine's limit for it
+        # the recorded round rerun and replayed up to 5 times (a 1-round bench: once)
+        lim = round_limit(session, ops, rounds + 1, repeats=min(5, rounds))
+        row |= {
+            "gflop_per_round": lim.round_gflop,
+            "limit_ms": lim.round_limit_ms,
+            "share_of_limit": lim.share(),
+            "limit_line": lim.line(),
+        }
+    return row
 
 
 def _call_into(conn, fn, args: tuple) -> None:
