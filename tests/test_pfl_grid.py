@@ -36,7 +36,7 @@ def test_the_entries_take_one_epoch_a_round_at_the_protocols_step_size(monkeypat
     v = cfg.compare.variants
     assert v["fedavg"]["algorithm.local_steps"] == 7 and v["fedavg"]["algorithm.lr"] == 0.005
     assert v["cobo"]["rounds"] == 7 * cfg.rounds and v["cobo"]["eval_every"] == 7 * cfg.eval_every
-    assert v["cobo_paper"]["algorithm.rule"] == "paper"
+    assert v["cobo_paper"]["algorithm.preset"] == "paper"
     assert cfg.data.partition.kind == "dirichlet" and cfg.data.partition.alpha == 0.1
     assert cfg.model.name == "fedavg_cnn" and cfg.batch_size == 10
     assert cfg.data.partition.test_split == 0.25 and cfg.data.partition.num_clients == 20
@@ -91,8 +91,9 @@ def test_the_protocols_step_size_is_not_tuned(tmp_path):
 
 
 def test_every_entrys_space_fits_the_grids_runs(tmp_path, monkeypatch):
-    """Each tuned entry's space, as the grid uses it, checked against the entry's config
-    in both settings (fedavg_ft's fine-tuning rounds fit 40 rounds: the grid's own space)."""
+    """Every entry's config builds in both settings, and each tuned entry's space, as the
+    grid uses it, is checked against it (fedavg_ft's fine-tuning rounds fit 40 rounds:
+    the grid's own space)."""
     from raycobo.comparison.plan import entry_config
     from raycobo.tune.entry import check_entry
 
@@ -100,9 +101,10 @@ def test_every_entrys_space_fits_the_grids_runs(tmp_path, monkeypatch):
     for setting in grid.SETTINGS:
         entries = grid.entries_for(setting, list(grid.ENTRIES))
         cfg, _ = grid.grid_config(setting, entries, False)
-        for entry in entries:
+        for entry in entries:  # every entry's config valid (a retired key is refused)
+            entry_cfg = entry_config(cfg, entry)
             if grid.ENTRIES[entry][1]:
-                check_entry(entry_config(cfg, entry), grid.protocol_space(entry, tmp_path))
+                check_entry(entry_cfg, grid.protocol_space(entry, tmp_path))
     assert grid.protocol_space("fedavg_ft", tmp_path) == HERE / "spaces" / "tune_fedavg_ft.yaml"
 
 

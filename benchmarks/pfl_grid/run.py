@@ -66,7 +66,7 @@ ENTRIES: dict[str, tuple[dict, str | None, bool]] = {
     "ifca": ({"algorithm.name": "ifca"}, "tune_ifca.yaml", False),
     "fc": ({"algorithm.name": "fc"}, None, True),
     "cobo": ({"algorithm.name": "cobo"}, None, False),
-    "cobo_paper": ({"algorithm.name": "cobo", "algorithm.rule": "paper"}, None, False),
+    "cobo_paper": ({"algorithm.name": "cobo", "algorithm.preset": "paper"}, None, False),
     "fedamp": ({"algorithm.name": "fedamp"}, "tune_fedamp.yaml", False),
     "fedfomo": ({"algorithm.name": "fedfomo"}, "tune_fedfomo.yaml", False),
     "apple": ({"algorithm.name": "apple"}, "tune_apple.yaml", False),
