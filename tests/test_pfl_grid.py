@@ -70,14 +70,13 @@ def test_quick_grid_local_and_oracle_far_above_fedavg_on_the_pathological_split(
 ):
     monkeypatch.setattr(grid, "QUICK_ROUNDS", 10)
     grid.run_setting("pathological", ["local", "fedavg", "oracle"], [0], tmp_path, True, False)
-    table = report.collect(tmp_path)["pathological"]
+    table = report.collect(tmp_path / "results")["pathological"]
     assert set(table) == {"local", "fedavg", "oracle"}
     fedavg = table["fedavg"]["best"][0]
     assert table["local"]["best"][0] > fedavg + 10
     assert table["oracle"]["best"][0] > fedavg + 10
-    text = report.table(report.collect(tmp_path))
+    text = report.table(report.collect(tmp_path / "results"))
     assert "| fedavg |" in text and "80.41 ± 0.08" in text  # PFLlib's figure beside ours
-    assert json.loads((tmp_path / "pathological" / "grid.json").read_text())["epoch_steps"] > 1
 
 
 def test_the_protocols_step_size_is_not_tuned(tmp_path):
@@ -137,3 +136,36 @@ def test_a_tuned_pick_is_kept_and_reused_until_its_space_changes(tmp_path, monke
     assert swept == ["ditto", "fedfomo", "fedfomo"]  # fedfomo alone, again
     saved = json.loads((tmp_path / "pathological.json").read_text())
     assert set(saved) == {"ditto", "fedfomo"} and saved["ditto"]["values"] == first["ditto"]
+
+
+def test_a_recorded_run_is_not_run_again_until_its_config_changes(tmp_path, monkeypatch):
+    """Each finished run is a line of the setting's record as it ends; a second call runs
+    only what is missing, a run that failed counts as a failed seed, and the report
+    reads the table from the record alone."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(grid, "epoch_steps", lambda cfg: 7)
+    ran = []
+
+    def fake_compare(cfg, entries, out, seeds):
+        (entry,), (seed,) = entries, seeds
+        ran.append((entry, seed))
+        status = "failed" if (entry, seed) == ("fedavg", 1) else "completed"
+        run = SimpleNamespace(status=status, run_dir=out / entry / f"seed{seed}")
+        return out, [], {entry: [run]}
+
+    accuracy = {"local": {0: 0.5, 5: 0.9, 10: 0.8}, "fedavg": {0: 0.4, 5: 0.6, 10: 0.7}}
+    monkeypatch.setattr(grid, "run_compare", fake_compare)
+    fake_report = SimpleNamespace(weighted_accuracy=lambda run: accuracy[run.parent.name])
+    monkeypatch.setattr(grid, "_report", lambda: fake_report)
+    record = tmp_path / "results" / "pathological.jsonl"
+    grid.run_setting("pathological", ["local", "fedavg"], [0, 1], tmp_path, True, False, record)
+    assert ran == [("local", 0), ("local", 1), ("fedavg", 0), ("fedavg", 1)]
+    grid.run_setting("pathological", ["local", "fedavg"], [0, 1], tmp_path, True, False, record)
+    assert len(ran) == 4  # everything recorded: nothing runs again
+    monkeypatch.setattr(grid, "QUICK_ROUNDS", 10)  # another config: every run again
+    grid.run_setting("pathological", ["local"], [0], tmp_path, True, False, record)
+    assert ran[4:] == [("local", 0)]
+    table = report.collect(tmp_path / "results")["pathological"]
+    assert table["local"]["best"] == (90.0, 0.0) and table["local"]["last"] == (80.0, 0.0)
+    assert table["fedavg"]["seeds"] == 1 and table["fedavg"]["failed"] == [1]

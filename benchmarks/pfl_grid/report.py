@@ -1,10 +1,11 @@
 """The grid's table (and plot) from its runs, beside PFLlib's published figures.
 
-Usage: python benchmarks/pfl_grid/report.py [--out runs/pfl-grid/full] [--quick]
+Usage: python benchmarks/pfl_grid/report.py [--results benchmarks/pfl_grid/results] [--quick]
 
 The metric is PFLlib's: the sample-weighted mean test accuracy (every client's correct
 answers over all the clients' test samples) of an evaluation, read from each run's
-``metrics.csv`` with the clients' test sizes from its partition. "best" is the best
+``metrics.csv`` with the clients' test sizes from its partition as the run ends
+(``weighted_accuracy``; run.py records it in ``results/<setting>.jsonl``). "best" is the best
 evaluation of a run (what PFLlib's table reports), "last" its last; each is the mean
 over seeds +- the standard deviation. A difference from PFLlib's figure counts when it
 is larger than twice our standard deviation over seeds and PFLlib's own together.
@@ -95,31 +96,36 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return m, sd
 
 
-def collect(out: Path) -> dict[str, dict[str, dict]]:
-    """setting -> entry -> {best, last: (mean, std) in %, seeds, failed}."""
+def collect(results: Path) -> dict[str, dict[str, dict]]:
+    """setting -> entry -> {best, last: (mean, std) in %, seeds, failed}, from the
+    record of each setting's runs (``results/<setting>.jsonl``: a run's last line)."""
     grid: dict[str, dict[str, dict]] = {}
-    for setting_dir in sorted(p for p in out.iterdir() if (p / "grid.json").is_file()):
-        setting = json.loads((setting_dir / "grid.json").read_text())["setting"]
-        rows = json.loads((setting_dir / "comparison.json").read_text())
+    for record in sorted(
+        results.glob("*.jsonl"),
+        key=lambda p: list(TITLES).index(p.stem) if p.stem in TITLES else len(TITLES),
+    ):
+        last_row: dict[tuple[str, int], dict] = {}
+        for line in record.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                last_row[(row["entry"], row["seed"])] = row
+        runs: dict[str, list[dict]] = {}
+        for (entry, _), row in last_row.items():
+            runs.setdefault(entry, []).append(row)
         table: dict[str, dict] = {}
-        for row in rows:
-            best, last = [], []
-            for d in row["run_dirs"]:
-                run = Path(d)
-                summary = json.loads((run / "summary.json").read_text())
-                if summary.get("status") != "completed":
-                    continue
-                acc = weighted_accuracy(run)
-                best.append(100 * max(acc.values()))
-                last.append(100 * acc[max(acc)])
-            if best:
-                table[row["algorithm"]] = {
-                    "best": _stats(best),
-                    "last": _stats(last),
-                    "seeds": len(best),
-                    "failed": row.get("failed", []),
-                }
-        grid[setting] = table
+        for entry, rows in runs.items():
+            done = [r["accuracy"] for r in rows if r["status"] == "completed" and r["accuracy"]]
+            if not done:
+                continue
+            best = [100 * max(acc.values()) for acc in done]
+            last = [100 * acc[max(acc, key=int)] for acc in done]
+            table[entry] = {
+                "best": _stats(best),
+                "last": _stats(last),
+                "seeds": len(done),
+                "failed": sorted(r["seed"] for r in rows if r["status"] != "completed"),
+            }
+        grid[record.stem] = table
     return grid
 
 
@@ -203,25 +209,25 @@ def plot(grid: dict[str, dict[str, dict]], path: Path) -> None:
     plt.close(fig)
 
 
-def section(grid: dict[str, dict[str, dict]], out: Path) -> str:
+def section(grid: dict[str, dict[str, dict]]) -> str:
     intro = (HERE / "intro.md").read_text().strip()
     return (
         f"{START}\n{intro}\n\n{table(grid)}\n![the grid](benchmarks/pfl_grid/pfl_grid.png)\n{END}"
     )
 
 
-def write_report(out: Path, quick: bool = False) -> Path:
+def write_report(results: Path, quick: bool = False) -> Path:
     """The table into FIDELITY.md (its pfl-grid section) and the plot beside this file;
-    ``quick``: both into ``out`` instead."""
-    grid = collect(out)
+    ``quick``: both into ``results`` instead."""
+    grid = collect(results)
     if quick:
-        (out / "pfl_grid.md").write_text(table(grid))
-        plot(grid, out / "pfl_grid.png")
-        return out / "pfl_grid.md"
+        (results / "pfl_grid.md").write_text(table(grid))
+        plot(grid, results / "pfl_grid.png")
+        return results / "pfl_grid.md"
     plot(grid, HERE / "pfl_grid.png")
     target = REPO / "FIDELITY.md"
     text = target.read_text()
-    new = section(grid, out)
+    new = section(grid)
     if START in text:
         text = text[: text.index(START)] + new + text[text.index(END) + len(END) :]
     else:
@@ -232,11 +238,12 @@ def write_report(out: Path, quick: bool = False) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--results", type=Path, default=None, help="the runs' record folder")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    out = args.out or REPO / "runs" / "pfl-grid" / ("quick" if args.quick else "full")
-    print(f"wrote {write_report(out, args.quick)}")
+    quick = REPO / "runs" / "pfl-grid" / "quick" / "results"
+    results = args.results or (quick if args.quick else HERE / "results")
+    print(f"wrote {write_report(results, args.quick)}")
 
 
 if __name__ == "__main__":

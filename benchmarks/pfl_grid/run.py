@@ -27,15 +27,18 @@ over all their test samples), at the best evaluation (what PFLlib's table report
 at the last.
 
 ``--quick``: the pathological setting, one seed, 20 rounds, no tuning, five entries
-(minutes; what CI runs). Finished comparisons are kept: a second call resumes what is
-missing. Each entry's tuned values go to ``tuned/<setting>.json`` (in the repository) as
-its sweep ends, and are reused while grid.yaml and the entry's space are unchanged.
+(minutes; what CI runs). Finished runs are kept: a second call runs what is missing.
+The full grid keeps what it finds in the repository, as it finds it: each
+entry's tuned values in ``tuned/<setting>.json`` as its sweep ends (reused while
+grid.yaml and the entry's space are unchanged), each run's accuracy by round in
+``results/<setting>.jsonl`` as the run ends (a run whose config changed runs again).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import shutil
 import sys
@@ -44,7 +47,7 @@ from pathlib import Path
 
 from raycobo.api import with_tuned
 from raycobo.comparison import run_compare
-from raycobo.config import Config, load_config, load_stored_config
+from raycobo.config import Config, load_config
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -195,25 +198,74 @@ def tune_entries(setting: str, cfg: Config, spaces: dict[str, Path], root: Path)
 
 
 def run_setting(
-    setting: str, wanted: list[str], seeds: list[int], out: Path, quick: bool, tune: bool
+    setting: str,
+    wanted: list[str],
+    seeds: list[int],
+    out: Path,
+    quick: bool,
+    tune: bool,
+    record: Path | None = None,
 ) -> None:
+    """Every (entry, seed) of the setting not yet in ``record`` (a JSON-lines file, by
+    default ``out/results/<setting>.jsonl``) with the config it would run now: each run
+    is a comparison of its own under ``out/<setting>/<entry>/seed<k>``, and its accuracy
+    by round is appended to ``record`` as it ends, so a grid cut off anywhere loses at
+    most the run it was in."""
     root = out / setting
+    record = record or out / "results" / f"{setting}.jsonl"
     entries = entries_for(setting, wanted)
-    resume = (root / "config.yaml").is_file()
-    if resume:
-        cfg = load_stored_config(root / "config.yaml")
-        E = json.loads((root / "grid.json").read_text())["epoch_steps"]
-    else:
-        cfg, E = grid_config(setting, entries, quick)
-        spaces = {e: protocol_space(e, root) for e in entries if ENTRIES[e][1]}
-        if tune and spaces:
-            cfg = with_tuned(cfg, tune_entries(setting, cfg, spaces, root))
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "grid.json").write_text(json.dumps({"epoch_steps": E, "setting": setting}))
+    cfg, E = grid_config(setting, entries, quick)
+    spaces = {e: protocol_space(e, root) for e in entries if ENTRIES[e][1]}
+    if tune and spaces:
+        cfg = with_tuned(cfg, tune_entries(setting, cfg, spaces, root))
+    done = recorded(record)
     t0 = time.perf_counter()
     print(f"[{setting}] {', '.join(entries)}; seeds {seeds}; {E} steps an epoch", flush=True)
-    run_compare(cfg, entries, root, seeds=seeds, resume=resume)
+    for entry in entries:
+        for seed in seeds:
+            key = run_digest(cfg, entry, seed)
+            if done.get((entry, seed)) == key:
+                continue
+            run_root = root / entry / f"seed{seed}"
+            shutil.rmtree(run_root, ignore_errors=True)  # one cut off before it ended
+            _, _, results = run_compare(cfg, [entry], run_root, seeds=[seed])
+            append_row(record, entry, seed, key, results[entry][0])
     print(f"[{setting}] {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def run_digest(cfg: Config, entry: str, seed: int) -> str:
+    """What one run of the grid is: its config with the method's values written out."""
+    from raycobo.comparison.plan import entry_config
+
+    pinned = entry_config(cfg, entry, seed).pinned().to_dict()
+    return _digest(json.dumps(pinned, sort_keys=True, default=str))
+
+
+def recorded(record: Path) -> dict[tuple[str, int], str]:
+    """(entry, seed) -> the digest of its last recorded run."""
+    if not record.is_file():
+        return {}
+    rows = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    return {(r["entry"], r["seed"]): r["digest"] for r in rows}
+
+
+def append_row(record: Path, entry: str, seed: int, key: str, result) -> None:
+    """One finished run's line: its status and sample-weighted test accuracy by round."""
+    ok = result.status == "completed"
+    acc = _report().weighted_accuracy(result.run_dir) if ok else {}
+    row = {"entry": entry, "seed": seed, "digest": key, "status": result.status}
+    row["accuracy"] = {str(r): round(a, 6) for r, a in acc.items()}
+    record.parent.mkdir(parents=True, exist_ok=True)
+    with record.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _report():
+    """report.py (beside this file) as a module."""
+    spec = importlib.util.spec_from_file_location("pfl_grid_report", HERE / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> int:
@@ -246,11 +298,13 @@ def main() -> int:
         else ([0] if args.quick else [0, 1, 2])
     )
     out = args.out or REPO / "runs" / "pfl-grid" / ("quick" if args.quick else "full")
+    # the full grid's record is the repository's (a run directory does not outlive its
+    # machine); a quick grid's, or one with its own --out, stays in its folder
+    results = HERE / "results" if not (args.quick or args.out) else out / "results"
     for setting in settings:
-        run_setting(setting, wanted, seeds, out, args.quick, tune=not (args.quick or args.no_tune))
-    from report import write_report
-
-    print(f"wrote {write_report(out, quick=args.quick)}")
+        tune = not (args.quick or args.no_tune)
+        run_setting(setting, wanted, seeds, out, args.quick, tune, results / f"{setting}.jsonl")
+    print(f"wrote {_report().write_report(results, quick=args.quick)}")
     return 0
 
 
