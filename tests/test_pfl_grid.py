@@ -156,7 +156,9 @@ def test_a_recorded_run_is_not_run_again_until_its_config_changes(tmp_path, monk
 
     accuracy = {"local": {0: 0.5, 5: 0.9, 10: 0.8}, "fedavg": {0: 0.4, 5: 0.6, 10: 0.7}}
     monkeypatch.setattr(grid, "run_compare", fake_compare)
-    fake_report = SimpleNamespace(weighted_accuracy=lambda run: accuracy[run.parent.name])
+    fake_report = SimpleNamespace(
+        weighted_accuracy=lambda run: accuracy[run.parent.name], last_rows=report.last_rows
+    )
     monkeypatch.setattr(grid, "_report", lambda: fake_report)
     record = tmp_path / "results" / "pathological.jsonl"
     grid.run_setting("pathological", ["local", "fedavg"], [0, 1], tmp_path, True, False, record)

@@ -96,6 +96,12 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return m, sd
 
 
+def last_rows(record: Path) -> dict[tuple[str, int], dict]:
+    """(entry, seed) -> its last line in a setting's record (a run done again wins)."""
+    rows = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    return {(r["entry"], r["seed"]): r for r in rows}
+
+
 def collect(results: Path) -> dict[str, dict[str, dict]]:
     """setting -> entry -> {best, last: (mean, std) in %, seeds, failed}, from the
     record of each setting's runs (``results/<setting>.jsonl``: a run's last line)."""
@@ -104,13 +110,8 @@ def collect(results: Path) -> dict[str, dict[str, dict]]:
         results.glob("*.jsonl"),
         key=lambda p: list(TITLES).index(p.stem) if p.stem in TITLES else len(TITLES),
     ):
-        last_row: dict[tuple[str, int], dict] = {}
-        for line in record.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                last_row[(row["entry"], row["seed"])] = row
         runs: dict[str, list[dict]] = {}
-        for (entry, _), row in last_row.items():
+        for (entry, _), row in last_rows(record).items():
             runs.setdefault(entry, []).append(row)
         table: dict[str, dict] = {}
         for entry, rows in runs.items():

@@ -43,6 +43,7 @@ import json
 import shutil
 import sys
 import time
+from functools import cache
 from pathlib import Path
 
 from raycobo.api import with_tuned
@@ -245,8 +246,7 @@ def recorded(record: Path) -> dict[tuple[str, int], str]:
     """(entry, seed) -> the digest of its last recorded run."""
     if not record.is_file():
         return {}
-    rows = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
-    return {(r["entry"], r["seed"]): r["digest"] for r in rows}
+    return {key: row["digest"] for key, row in _report().last_rows(record).items()}
 
 
 def append_row(record: Path, entry: str, seed: int, key: str, result) -> None:
@@ -260,8 +260,10 @@ def append_row(record: Path, entry: str, seed: int, key: str, result) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+@cache
 def _report():
-    """report.py (beside this file) as a module."""
+    """report.py (beside this file) as a module, loaded once (its caches, such as the
+    partitions' test sizes, then hold across the grid's runs)."""
     spec = importlib.util.spec_from_file_location("pfl_grid_report", HERE / "report.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
