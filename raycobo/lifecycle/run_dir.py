@@ -263,6 +263,7 @@ class RunDir(RunDirChecks, BaseCallback):
             **self.identity(),
             "checkpoint": str(latest) if latest is not None else None,
             "mlflow_run_id": mlflow_run_id,
+            "resumed_from_round": found.from_round if found is not None else None,
             **(extra or {}),
         }
         try:

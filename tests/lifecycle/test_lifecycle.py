@@ -432,14 +432,21 @@ def test_a_callback_that_stops_the_run_ends_it_stopped_with_its_last_metrics(tmp
     s = json.loads((tmp_path / "cut" / "summary.json").read_text())
     assert res.summary["status"] == s["status"] == "stopped" and s["stopped_by"] == "asha"
     assert s["last_round"] == 10 and s["checkpoint"].endswith("round_000010.pt")
+    assert s["resumed_from_round"] is None
     ten = next(h for h in whole.summary["history"] if h["round"] == 10)
     assert s["mean_loss"] == ten["mean_loss"]
     assert [h["round"] for h in s["history"]] == [0, 5, 10]
     assert stop.ended["status"] == "stopped" and stop.ended["last_round"] == 10
     rows = (tmp_path / "cut" / "metrics.csv").read_text().splitlines()[1:]
     assert {int(r.split(",")[0]) for r in rows} == {0, 5, 10}
+    # a resumed run stopped again says where it resumed (a sweep's retried trial)
+    later = run_experiment(
+        resume_config(tmp_path / "cut"), tmp_path / "cut", [_StopAtEval(15)], resume=True
+    )
+    s = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert later.summary["status"] == s["status"] == "stopped" and s["resumed_from_round"] == 10
     again = run_experiment(resume_config(tmp_path / "cut"), tmp_path / "cut", resume=True)
-    assert again.summary["status"] == "completed" and again.summary["resumed_from_round"] == 10
+    assert again.summary["status"] == "completed" and again.summary["resumed_from_round"] == 15
     assert again.summary["mean_loss"] == whole.summary["mean_loss"]
     from raycobo.tracking.mlflow_tracker import mlflow_status
 
