@@ -42,8 +42,53 @@ def separation(scores, inside) -> dict:
     }
 
 
-def measure(cfg: dict, at: list[int], batches: int, pairs: int) -> list[dict]:
-    """Run ``cfg`` (CoBo) up to the last round of ``at``, measuring at each."""
+def other_signals(X, X0, i, j) -> dict:
+    """A score read off the models alone: the cosine of the two clients' updates since
+    the first measured round (pFedGraph's similarity when that round is 0)."""
+    import torch
+
+    U = X - X0
+    return {"updates_cosine": torch.nn.functional.cosine_similarity(U[i], U[j], dim=1)}
+
+
+def loss_signals(ops, X, Z, i, j, t: int, batches: int) -> dict:
+    """Scores from forward-only minibatch losses (the mean of ``batches`` an end), each a
+    pair's loss gain, larger when the two should collaborate: ``midpoint_gain``, minus
+    what each end's loss rises by from its own model to the midpoint (a finite step of
+    the objective Eq. (1) linearises); ``swap_gain``, minus what it rises by from its own
+    model to its partner's."""
+    import torch
+
+    from raycobo import rng
+
+    n = X.shape[0]
+    ends, partners = torch.cat([i, j]), torch.cat([j, i])
+    E = i.numel()
+
+    def loss(points):
+        return torch.stack(
+            [
+                ops.losses(ends, points, t, rng.ALIGN, partners + SALT_BASE + (batches + b) * n)
+                for b in range(batches)
+            ]
+        ).mean(dim=0)
+
+    own, mid, other = loss(X[ends]), loss(Z.repeat(2, 1)), loss(X[partners])
+    relative = (own - mid) / (own + mid).clamp_min(1e-12)
+    return {
+        "own_loss": own[:E] + own[E:],
+        "midpoint_loss": mid[:E] + mid[E:],
+        "midpoint_gain": -0.5 * ((mid - own)[:E] + (mid - own)[E:]),
+        "relative_gain": 0.5 * (relative[:E] + relative[E:]),
+        "swap_gain": -0.5 * ((other - own)[:E] + (other - own)[E:]),
+    }
+
+
+def measure(
+    cfg: dict, at: list[int], batches: int, pairs: int, signals: bool = False
+) -> list[dict]:
+    """Run ``cfg`` (CoBo) up to the last round of ``at``, measuring at each (``signals``:
+    also the scores that are not Eq. (1)'s, ``other_signals`` and ``loss_signals``)."""
     import torch
 
     from raycobo import api, rng
@@ -51,6 +96,7 @@ def measure(cfg: dict, at: list[int], batches: int, pairs: int) -> list[dict]:
 
     clusters = torch.tensor(diagnose.clusters_of(cfg))
     original = CoBo.round
+    start: dict = {}  # the models at the first measured round (x^0 when it is 0)
     rows: list[dict] = []
 
     def round_(self, state, t, ops):
@@ -72,13 +118,18 @@ def measure(cfg: dict, at: list[int], batches: int, pairs: int) -> list[dict]:
             G = torch.stack(draws).mean(dim=0)
             mean = alignment_scores(G[:E], G[E:], self.cfg.alignment, floor)
             inside = clusters[i] == clusters[j]
-            rows.append(
-                {
-                    "round": t,
-                    "one_batch": separation(one, inside),
-                    f"mean_of_{batches}": separation(mean, inside),
+            row = {
+                "round": t,
+                "one_batch": separation(one, inside),
+                f"mean_of_{batches}": separation(mean, inside),
+            }
+            if signals:
+                row.update(other_signals(state.X, start.setdefault("X", state.X.clone()), i, j))
+                row.update(loss_signals(ops, state.X, Z[:E], i, j, t, batches))
+                row = {
+                    k: separation(v, inside) if torch.is_tensor(v) else v for k, v in row.items()
                 }
-            )
+            rows.append(row)
         return original(self, state, t, ops)
 
     cfg = {**cfg, "rounds": max(at) + 1, "eval_every": max(at) + 1}
@@ -100,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=16)
     ap.add_argument("--pairs", type=int, default=4000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--signals", action="store_true", help="also scores that are not Eq. (1)'s")
     args = ap.parse_args(argv)
     cells = {c["id"]: c for c in regimes.load_cells()}
     if args.cell not in cells:
@@ -112,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     cfg = regimes.cell_config(cells[args.cell], args.split, args.seed)
     cfg["algorithm"] = {**(cfg.get("algorithm") or {}), "name": "cobo"}  # the cell's lr kept
-    for row in measure(cfg, at, args.batches, args.pairs):
+    for row in measure(cfg, at, args.batches, args.pairs, args.signals):
         print(json.dumps(row), flush=True)
     return 0
 
