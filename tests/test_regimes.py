@@ -467,11 +467,17 @@ def test_the_score_separation_is_measured_on_one_minibatch_and_on_a_mean():
     cell = {c["id"]: c for c in regimes.load_cells()}["quad-2x2"]
     cfg = regimes.cell_config(cell, "validation", 0)
     cfg["algorithm"] = {"name": "cobo"}
-    rows = scores.measure(cfg, [0, 3], batches=8, pairs=100)
+    rows = scores.measure(cfg, [0, 3], batches=8, pairs=100, signals=True)
     assert [r["round"] for r in rows] == [0, 3]
     first = rows[0]
     assert first["mean_of_8"]["d"] > first["one_batch"]["d"]
     assert first["mean_of_8"]["inside_sd"] < first["one_batch"]["inside_sd"]
+    # the other signals: nothing to read at round 0 (no update, every end at its own
+    # point's loss); by round 3 the midpoint costs a cluster's pairs less than the others
+    assert first["updates_cosine"]["inside"] == 0.0 and first["midpoint_gain"]["d"] is None
+    later = rows[1]
+    assert later["midpoint_gain"]["inside"] > later["midpoint_gain"]["across"]
+    assert later["updates_cosine"]["inside"] > later["updates_cosine"]["across"]
 
 
 def test_choose_takes_the_entry_passing_more_cells_then_the_higher_gap():
