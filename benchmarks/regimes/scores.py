@@ -51,6 +51,23 @@ def other_signals(X, X0, i, j) -> dict:
     return {"updates_cosine": torch.nn.functional.cosine_similarity(U[i], U[j], dim=1)}
 
 
+def mean_model_signal(ops, X, i, j, t: int, kind: str, floor, batches: int) -> dict:
+    """Eq. (1)'s score with both ends' gradients at the clients' mean model instead of
+    the pair's midpoint (a point neither end has fit), one minibatch an end."""
+    import torch
+
+    from raycobo import rng
+    from raycobo.algorithms.cobo import alignment_scores
+
+    n, E = X.shape[0], i.numel()
+    ends, partners = torch.cat([i, j]), torch.cat([j, i])
+    Z = X.mean(dim=0, keepdim=True).expand(2 * E, -1).contiguous()
+    G, _ = ops.grads(
+        ends, Z, t, rng.ALIGN, partners + SALT_BASE + 2 * batches * n
+    )  # past the losses'
+    return {"at_mean_model": alignment_scores(G[:E], G[E:], kind, floor)}
+
+
 def loss_signals(ops, X, Z, i, j, t: int, batches: int) -> dict:
     """Scores from forward-only minibatch losses (the mean of ``batches`` an end), each a
     pair's loss gain, larger when the two should collaborate: ``midpoint_gain``, minus
@@ -125,6 +142,9 @@ def measure(
             }
             if signals:
                 row.update(other_signals(state.X, start.setdefault("X", state.X.clone()), i, j))
+                row.update(
+                    mean_model_signal(ops, state.X, i, j, t, self.cfg.alignment, floor, batches)
+                )
                 row.update(loss_signals(ops, state.X, Z[:E], i, j, t, batches))
                 row = {
                     k: separation(v, inside) if torch.is_tensor(v) else v for k, v in row.items()
