@@ -171,3 +171,5 @@ def test_a_recorded_run_is_not_run_again_until_its_config_changes(tmp_path, monk
     table = report.collect(tmp_path / "results")["pathological"]
     assert table["local"]["best"] == (90.0, 0.0) and table["local"]["last"] == (80.0, 0.0)
     assert table["fedavg"]["seeds"] == 1 and table["fedavg"]["failed"] == [1]
+    text = report.table(report.collect(tmp_path / "results"))  # a partial grid says so
+    assert "| fedavg | 1 (1 failed) |" in text and "| local | 2 |" in text

@@ -147,8 +147,8 @@ def table(grid: dict[str, dict[str, dict]]) -> str:
         lines += [
             f"**{TITLES.get(setting, setting)}**",
             "",
-            "| method | best (ours) | last (ours) | PFLlib (best) | ours − PFLlib |",
-            "|---|---|---|---|---|",
+            "| method | seeds | best (ours) | last (ours) | PFLlib (best) | ours − PFLlib |",
+            "|---|---|---|---|---|---|",
         ]
         order = sorted(rows, key=lambda e: -rows[e]["best"][0])
         for e in order:
@@ -156,8 +156,11 @@ def table(grid: dict[str, dict[str, dict]]) -> str:
             theirs = ref.get(e)
             shown = "–" if theirs is None else f"{theirs[0]:.2f} ± {theirs[1]:.2f}"
             said = verdict(r["best"], theirs, r["seeds"])
+            seeds = str(r["seeds"]) + (
+                f" ({', '.join(map(str, r['failed']))} failed)" if r["failed"] else ""
+            )
             lines.append(
-                f"| {e} | {r['best'][0]:.1f} ± {r['best'][1]:.1f} | "
+                f"| {e} | {seeds} | {r['best'][0]:.1f} ± {r['best'][1]:.1f} | "
                 f"{r['last'][0]:.1f} ± {r['last'][1]:.1f} | {shown} | {said} |"
             )
         lines.append("")
