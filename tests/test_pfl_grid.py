@@ -165,6 +165,8 @@ def test_a_recorded_run_is_not_run_again_until_its_config_changes(tmp_path, monk
     assert ran == [("local", 0), ("local", 1), ("fedavg", 0), ("fedavg", 1)]
     grid.run_setting("pathological", ["local", "fedavg"], [0, 1], tmp_path, True, False, record)
     assert len(ran) == 4  # everything recorded: nothing runs again
+    grid.run_setting("pathological", ["local"], [0, 1], tmp_path, True, False, record)
+    assert len(ran) == 4  # nor when asked with other entries beside it
     monkeypatch.setattr(grid, "QUICK_ROUNDS", 10)  # another config: every run again
     grid.run_setting("pathological", ["local"], [0], tmp_path, True, False, record)
     assert ran[4:] == [("local", 0)]

@@ -235,10 +235,13 @@ def run_setting(
 
 
 def run_digest(cfg: Config, entry: str, seed: int) -> str:
-    """What one run of the grid is: its config with the method's values written out."""
+    """What one run of the grid is: its config with the method's values written out,
+    without the comparison's list of entries (which the others asked for at the same
+    time does not change the run)."""
     from raycobo.comparison.plan import entry_config
 
     pinned = entry_config(cfg, entry, seed).pinned().to_dict()
+    pinned.pop("compare", None)
     return _digest(json.dumps(pinned, sort_keys=True, default=str))
 
 
