@@ -136,6 +136,14 @@ def test_a_tuned_pick_is_kept_and_reused_until_its_space_changes(tmp_path, monke
     assert swept == ["ditto", "fedfomo", "fedfomo"]  # fedfomo alone, again
     saved = json.loads((tmp_path / "pathological.json").read_text())
     assert set(saved) == {"ditto", "fedfomo"} and saved["ditto"]["values"] == first["ditto"]
+    # a grid of another size runs these picks, and tunes nothing itself
+    wider, _ = grid.grid_config("pathological", ["ditto"], False, {"data.fraction": 0.3})
+    assert wider.data.fraction == 0.3
+    again = grid.tune_entries("pathological", wider, spaces, tmp_path / "runs", True)
+    assert again == first and len(swept) == 3
+    spaces["ditto"].write_text("another space\n")
+    with pytest.raises(SystemExit, match="ditto has no tuned values for pathological"):
+        grid.tune_entries("pathological", wider, spaces, tmp_path / "runs", True)
 
 
 def test_a_recorded_run_is_not_run_again_until_its_config_changes(tmp_path, monkeypatch):

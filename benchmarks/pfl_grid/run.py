@@ -3,6 +3,7 @@
 
 Usage: python benchmarks/pfl_grid/run.py [--quick] [--settings pathological,dir0.1]
        [--entries cobo,fedavg,...] [--seeds 0,1,2] [--no-tune] [--out DIR]
+       [--fraction F] [--rounds N]
 
 The protocol (PFLlib's): Fashion-MNIST, 20 clients all taking part every round, its
 4-layer CNN (``fedavg_cnn``), batch 10, one local epoch a round, lr 0.005, each client's
@@ -27,11 +28,14 @@ over all their test samples), at the best evaluation (what PFLlib's table report
 at the last.
 
 ``--quick``: the pathological setting, one seed, 20 rounds, no tuning, five entries
-(minutes; what CI runs). Finished runs are kept: a second call runs what is missing.
-The full grid keeps what it finds in the repository, as it finds it: each
-entry's tuned values in ``tuned/<setting>.json`` as its sweep ends (reused while
-grid.yaml and the entry's space are unchanged), each run's accuracy by round in
-``results/<setting>.jsonl`` as the run ends (a run whose config changed runs again).
+(minutes; what CI runs). ``--fraction`` / ``--rounds``: the grid at another size (a
+share of the training images, epochs), with the grid's tuned values, its runs and table
+under ``runs/pfl-grid/<size>/`` (how the ordering moves toward PFLlib's full size).
+Finished runs are kept: a second call runs what is missing. The full grid keeps what
+it finds in the repository, as it finds it: each entry's tuned values in
+``tuned/<setting>.json`` as its sweep ends (reused while grid.yaml and the entry's space
+are unchanged), each run's accuracy by round in ``results/<setting>.jsonl`` as the run
+ends (a run whose config changed runs again).
 """
 
 from __future__ import annotations
@@ -84,8 +88,10 @@ QUICK_ENTRIES = ["local", "fedavg", "cobo", "fedfomo", "oracle"]
 QUICK_ROUNDS = 20
 
 
-def base_config(setting: str, quick: bool) -> Config:
-    over = {**SETTINGS[setting], "name": f"pfl-grid-{setting}"}
+def base_config(setting: str, quick: bool, scale: dict | None = None) -> Config:
+    """grid.yaml under the setting; ``quick``: QUICK_ROUNDS; ``scale``: other values of
+    grid.yaml's size (``data.fraction``, ``rounds``)."""
+    over = {**SETTINGS[setting], "name": f"pfl-grid-{setting}", **(scale or {})}
     if quick:
         over["rounds"] = QUICK_ROUNDS
     return load_config(HERE / "grid.yaml", [f"{k}={json.dumps(v)}" for k, v in over.items()])
@@ -106,10 +112,12 @@ def has_local_steps(keys: dict) -> bool:
     return "local_steps" in method_keys(keys["algorithm.name"])
 
 
-def grid_config(setting: str, entries: list[str], quick: bool) -> tuple[Config, int]:
+def grid_config(
+    setting: str, entries: list[str], quick: bool, scale: dict | None = None
+) -> tuple[Config, int]:
     """The setting's comparison: every entry a ``compare.variants`` entry with the
     protocol's step size and one epoch a round. -> (config, steps of an epoch)"""
-    cfg = base_config(setting, quick)
+    cfg = base_config(setting, quick, scale)
     E = epoch_steps(cfg)
     variants = {}
     for entry in entries:
@@ -129,6 +137,7 @@ def _flat(cfg: Config, over: dict) -> list[str]:
     keep = {
         "name": cfg.name,
         "rounds": cfg.rounds,
+        "data.fraction": cfg.data.fraction,
         "data.partition": cfg.data.partition.model_dump(),
         **over,
     }
@@ -170,10 +179,13 @@ def _digest(*texts: str) -> str:
     return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
 
 
-def tune_entries(setting: str, cfg: Config, spaces: dict[str, Path], root: Path) -> dict:
+def tune_entries(
+    setting: str, cfg: Config, spaces: dict[str, Path], root: Path, reuse_only: bool = False
+) -> dict:
     """Each entry's picked values (entry -> key -> value), tuned on validation one entry
     at a time; a pick is kept in ``picks_file`` as soon as its sweep ends and reused
-    while the grid's config and the entry's space are unchanged."""
+    while the grid's config and the entry's space are unchanged. ``reuse_only``: a grid
+    of another size runs the grid's picks, and one not yet made is an error."""
     from raycobo.comparison.plan import entry_config
     from raycobo.tune.entry import check_entry, tune_entry
 
@@ -188,6 +200,11 @@ def tune_entries(setting: str, cfg: Config, spaces: dict[str, Path], root: Path)
         if saved.get(entry, {}).get("digest") == key:
             picked[entry] = saved[entry]["values"]
             continue
+        if reuse_only:
+            raise SystemExit(
+                f"error: {entry} has no tuned values for {setting} in {path} (run the grid "
+                "at its own size first, or --no-tune)"
+            )
         print(f"[{setting}] tuning {entry} on validation ({space.name})", flush=True)
         sweep_dir = root / f"tune-{entry}"
         shutil.rmtree(sweep_dir, ignore_errors=True)  # a sweep cut off before it ended
@@ -206,6 +223,7 @@ def run_setting(
     quick: bool,
     tune: bool,
     record: Path | None = None,
+    scale: dict | None = None,
 ) -> None:
     """Every (entry, seed) of the setting not yet in ``record`` (a JSON-lines file, by
     default ``out/results/<setting>.jsonl``) with the config it would run now: each run
@@ -215,10 +233,10 @@ def run_setting(
     root = out / setting
     record = record or out / "results" / f"{setting}.jsonl"
     entries = entries_for(setting, wanted)
-    cfg, E = grid_config(setting, entries, quick)
+    cfg, E = grid_config(setting, entries, quick, scale)
     spaces = {e: protocol_space(e, root) for e in entries if ENTRIES[e][1]}
     if tune and spaces:
-        cfg = with_tuned(cfg, tune_entries(setting, cfg, spaces, root))
+        cfg = with_tuned(cfg, tune_entries(setting, cfg, spaces, root, bool(scale)))
     done = recorded(record)
     t0 = time.perf_counter()
     print(f"[{setting}] {', '.join(entries)}; seeds {seeds}; {E} steps an epoch", flush=True)
@@ -281,7 +299,13 @@ def main() -> int:
     ap.add_argument("--seeds", default=None)
     ap.add_argument("--no-tune", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--fraction", type=float, default=None, help="of the training images")
+    ap.add_argument("--rounds", type=int, default=None, help="epochs (communication rounds)")
     args = ap.parse_args()
+    scale = {k: v for k, v in (("data.fraction", args.fraction), ("rounds", args.rounds)) if v}
+    if scale and args.quick:
+        print("error: --fraction and --rounds size the full grid, not --quick", file=sys.stderr)
+        return 2
     settings = (
         args.settings.split(",")
         if args.settings
@@ -302,14 +326,18 @@ def main() -> int:
         if args.seeds
         else ([0] if args.quick else [0, 1, 2])
     )
-    out = args.out or REPO / "runs" / "pfl-grid" / ("quick" if args.quick else "full")
-    # the full grid's record is the repository's (a run directory does not outlive its
-    # machine); a quick grid's, or one with its own --out, stays in its folder
-    results = HERE / "results" if not (args.quick or args.out) else out / "results"
+    sized = "-".join(f"{k.split('.')[-1]}{v}" for k, v in scale.items())
+    out = args.out or REPO / "runs" / "pfl-grid" / ("quick" if args.quick else sized or "full")
+    # the grid's record is the repository's (a run directory does not outlive its
+    # machine); a quick grid's, one of another size, or one with its own --out, stays in
+    # its folder (with its table beside it: report.py --quick)
+    own = args.quick or args.out or scale
+    results = out / "results" if own else HERE / "results"
     for setting in settings:
         tune = not (args.quick or args.no_tune)
-        run_setting(setting, wanted, seeds, out, args.quick, tune, results / f"{setting}.jsonl")
-    print(f"wrote {_report().write_report(results, quick=args.quick)}")
+        record = results / f"{setting}.jsonl"
+        run_setting(setting, wanted, seeds, out, args.quick, tune, record, scale)
+    print(f"wrote {_report().write_report(results, quick=bool(own))}")
     return 0
 
 
