@@ -183,3 +183,4 @@ def test_a_recorded_run_is_not_run_again_until_its_config_changes(tmp_path, monk
     assert table["fedavg"]["seeds"] == 1 and table["fedavg"]["failed"] == [1]
     text = report.table(report.collect(tmp_path / "results"))  # a partial grid says so
     assert "| fedavg | 1 (1 failed) |" in text and "| local | 2 |" in text
+    assert "**Dirichlet(0.1)**: no run recorded yet." in text

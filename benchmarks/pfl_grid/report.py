@@ -141,7 +141,7 @@ def verdict(ours: tuple[float, float], theirs: tuple[float, float] | None, seeds
 
 
 def table(grid: dict[str, dict[str, dict]]) -> str:
-    lines = []
+    lines = [f"**{TITLES[s]}**: no run recorded yet.\n" for s in TITLES if not grid.get(s)]
     for setting, rows in grid.items():
         ref = PFLLIB.get(setting, {})
         lines += [
