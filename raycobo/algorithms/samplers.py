@@ -12,6 +12,11 @@ Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
 - ``mixed_sqrt``: constant for the first ``mixed_switch`` share of rounds, then
   p_t = min(1, c / sqrt(t + 1)) -- the authors' code (github epfml/CoBo, grouping.py:
   p = 2/n for 800 steps, then 1/sqrt(t));
+- ``early``:    ``mixed`` with its constant phase raised toward one sample of a pair every
+  ten rounds (``EARLY_RATE``), by at most ``EARLY_BOOST`` times c / n: a pair's first
+  samples come while the models have not yet fit their own data, when Eq. (1)'s scores
+  still tell the clusters apart (benchmarks/regimes/LOG.md, 2026-12-05); with the switch
+  after K samples (``mixed_switch: {samples: K}``) about as many samples in the run;
 - ``full``:     every pair, every round (the paper's "no sampling" oracle).
 
 Where a strategy samples a pair S < ``least_samples`` times over the run (in
@@ -37,6 +42,11 @@ from dataclasses import dataclass
 import torch
 
 from raycobo import rng
+
+# ``early``'s first phase: at least one sample of a pair every 1 / EARLY_RATE rounds, where
+# that is at most EARLY_BOOST times the constant rate c / n
+EARLY_RATE = 0.1
+EARLY_BOOST = 4.0
 
 
 def n_pairs(n: int) -> int:
@@ -128,9 +138,17 @@ class EdgeSampler:
     def constant_rate(self) -> float:
         return min(1.0, self.sampling_c / max(self.n, 1))
 
+    def first_rate(self) -> float:
+        """The rate of the run's first phase: c / n, for ``early`` raised toward
+        EARLY_RATE by at most EARLY_BOOST times."""
+        c = self.constant_rate()
+        if self.kind != "early":
+            return c
+        return max(c, min(EARLY_RATE, EARLY_BOOST * c, 1.0))
+
     def switch_round(self) -> int:
-        if self.switch_samples is not None:  # the constant phase gives each pair K samples
-            return int(math.ceil(self.switch_samples / self.constant_rate()))
+        if self.switch_samples is not None:  # the first phase gives each pair K samples
+            return int(math.ceil(self.switch_samples / self.first_rate()))
         return int(math.ceil(self.mixed_switch * self.rounds))
 
     def probability(self, t: int) -> float:
@@ -206,6 +224,11 @@ def _mixed_sqrt(s: EdgeSampler, t: int) -> float:  # the authors' code: 2/n, the
     if t < s.switch_round():
         return s.constant_rate()
     return min(1.0, s.time_c / math.sqrt(t + 1))
+
+
+@sampling_rule("early")
+def _early(s: EdgeSampler, t: int) -> float:
+    return s.first_rate() if t < s.switch_round() else min(s.constant_rate(), _time(s, t))
 
 
 @sampling_rule("full")

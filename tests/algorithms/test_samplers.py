@@ -99,6 +99,28 @@ def test_expected_samples_sum_the_probabilities_and_a_switch_by_samples():
     assert longer.switch_round() == 200
 
 
+def test_early_samples_a_pair_every_ten_rounds_at_most_four_times_the_constant_rate():
+    """``early``: the first phase's rate is c / n raised toward 0.1 by at most 4x, the
+    switch after K samples at that rate, then mixed's tail. At 80 clients and c = 2 that
+    is mixed with c = 8 draw for draw (its tail, 1 / t, is below both c / n by then); at
+    16 clients it is mixed itself (2 / 16 > 0.1); at 40, 0.1; at 400, 4 x 2 / 400."""
+
+    def sampler(kind, n, c=2.0):
+        return EdgeSampler(kind, n, 1000, 5, c, 1.0, 0.0, switch_samples=12.0)
+
+    assert sampler("early", 80).first_rate() == 0.1 and sampler("early", 80).switch_round() == 120
+    assert sampler("early", 40).first_rate() == 0.1
+    assert sampler("early", 400).first_rate() == pytest.approx(0.02)
+    assert sampler("early", 16).first_rate() == sampler("mixed", 16).first_rate() == 0.125
+    early, wide = sampler("early", 80), sampler("mixed", 80, c=8.0)
+    for t in (0, 119, 120, 121, 500, 999):
+        assert early.probability(t) == wide.probability(t)
+        assert torch.equal(early.sample(t), wide.sample(t))
+    small, mixed = sampler("early", 16), sampler("mixed", 16)
+    assert all(small.probability(t) == mixed.probability(t) for t in range(1000))
+    assert early.expected_samples(120) == pytest.approx(12.0)
+
+
 def test_cobo_reads_mixed_switch_as_a_share_or_samples():
     from raycobo.algorithms.cobo import CoBo, CoBoConfig
 
@@ -155,7 +177,7 @@ def test_least_samples_scales_a_short_runs_rates_up_to_its_cap():
         assert torch.equal(long.sample(t), base.sample(t))
 
 
-@pytest.mark.parametrize("kind", ["constant", "time", "mixed", "mixed_sqrt", "full"])
+@pytest.mark.parametrize("kind", ["constant", "time", "mixed", "mixed_sqrt", "early", "full"])
 def test_the_highest_rate_is_a_scans_without_one(kind, monkeypatch):
     """highest_probability reads the rates where a phase begins (round 0, the switch):
     for every built-in rule, with a scale-up and without, the largest p_t a scan over the
@@ -167,7 +189,7 @@ def test_the_highest_rate_is_a_scans_without_one(kind, monkeypatch):
             s = EdgeSampler(kind, n, rounds, 0, c, tc, switch, least_samples=least)
             scan = max(s.probability(t) for t in range(rounds))
             assert s.highest_probability() == scan, (n, rounds, c, tc)
-    assert set(samplers.SAMPLINGS) == {"constant", "time", "mixed", "mixed_sqrt", "full"}
+    assert set(samplers.SAMPLINGS) == {"constant", "time", "mixed", "mixed_sqrt", "early", "full"}
     asked = []
     rule = samplers.SAMPLINGS[kind]
     monkeypatch.setitem(samplers.SAMPLINGS, kind, lambda s, t: asked.append(t) or rule(s, t))

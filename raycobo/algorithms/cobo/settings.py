@@ -309,7 +309,7 @@ class CoBoConfig(MethodConfig):
     sampling_c: float = Field(default=2.0, gt=0, description="constant: p = c/n")
     time_c: float = Field(default=1.0, gt=0, description="time: p_t = min(1, c/t)")
     mixed_switch: Annotated[float, Field(ge=0, le=1)] | SwitchAfter | None = _key(
-        "mixed, mixed_sqrt: the constant phase, a share of the rounds or {samples: K} "
+        "mixed, mixed_sqrt, early: the first phase, a share of the rounds or {samples: K} "
         "(until each pair has had K samples in expectation, whatever the run's length)",
         "mixed_switch",
     )
