@@ -141,8 +141,12 @@ def verdict(ours: tuple[float, float], theirs: tuple[float, float] | None, seeds
 
 
 def table(grid: dict[str, dict[str, dict]]) -> str:
-    lines = [f"**{TITLES[s]}**: no run recorded yet.\n" for s in TITLES if not grid.get(s)]
-    for setting, rows in grid.items():
+    lines = []
+    for setting in [*TITLES, *(s for s in grid if s not in TITLES)]:
+        rows = grid.get(setting)
+        if not rows:
+            lines += [f"**{TITLES.get(setting, setting)}**: no run recorded yet.", ""]
+            continue
         ref = PFLLIB.get(setting, {})
         lines += [
             f"**{TITLES.get(setting, setting)}**",
