@@ -62,9 +62,8 @@ def mean_model_signal(ops, X, i, j, t: int, kind: str, floor, batches: int) -> d
     n, E = X.shape[0], i.numel()
     ends, partners = torch.cat([i, j]), torch.cat([j, i])
     Z = X.mean(dim=0, keepdim=True).expand(2 * E, -1).contiguous()
-    G, _ = ops.grads(
-        ends, Z, t, rng.ALIGN, partners + SALT_BASE + 2 * batches * n
-    )  # past the losses'
+    salts = partners + SALT_BASE + 2 * batches * n  # past loss_signals' draws
+    G, _ = ops.grads(ends, Z, t, rng.ALIGN, salts)
     return {"at_mean_model": alignment_scores(G[:E], G[E:], kind, floor)}
 
 
@@ -141,7 +140,9 @@ def measure(
                 f"mean_of_{batches}": separation(mean, inside),
             }
             if signals:
-                row.update(other_signals(state.X, start.setdefault("X", state.X.clone()), i, j))
+                if "X" not in start:  # cloned once, not at every measured round
+                    start["X"] = state.X.clone()
+                row.update(other_signals(state.X, start["X"], i, j))
                 row.update(
                     mean_model_signal(ops, state.X, i, j, t, self.cfg.alignment, floor, batches)
                 )
