@@ -61,7 +61,9 @@ def _recipe(ssh: LoopbackSSH, gcs: int, workers: list[str], head_ip: str = "127.
         "ssh_private_key": str(ssh.key),
         "ssh_proxy_command": ssh.proxy_command(),
     }
-    c["file_mounts"] = {"~/raycobo": str(ROOT)}
+    # the recipe's project mounts from this checkout (no data set here)
+    mounts = {r: str(ROOT / local) for r, local in c["file_mounts"].items()}
+    c["file_mounts"] = {r: p for r, p in mounts.items() if r.startswith("~/raycobo/")}
     site = sysconfig.get_paths()["purelib"]  # this venv's packages, seen through a .pth
     py = f"python{sys.version_info.major}.{sys.version_info.minor}"
     env_bin = "~/raycobo-env/bin"

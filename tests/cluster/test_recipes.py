@@ -4,6 +4,7 @@ machine) and carry what raycobo needs on the nodes (no SSH or cloud account here
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,40 @@ def test_local_cluster_yaml():
     assert c["provider"]["head_ip"] and c["provider"]["worker_ips"]
     assert c["auth"]["ssh_user"]
     assert any("ray start --head" in cmd for cmd in c["head_start_ray_commands"])
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_mounts_the_project_not_the_checkout(path, tmp_path):
+    """`ray up` reads every file under a mount to hash it before it syncs: the recipes
+    mount the project's own paths, never the root (a virtual environment, runs/), and
+    what they mount is enough for the setup commands' editable install."""
+    import subprocess
+    import sys
+
+    mounts = yaml.safe_load(path.read_text())["file_mounts"]
+    project = {r: local for r, local in mounts.items() if r.startswith("~/raycobo/")}
+    assert set(mounts) - set(project) == {"~/data"}
+    for remote, local in project.items():
+        assert (ROOT / local).resolve() != ROOT and (ROOT / local).exists(), local
+        assert remote == "~/raycobo/" + local.removeprefix("./"), remote
+    assert {"raycobo", "pyproject.toml", "constraints.txt", "cluster"} <= {
+        r.removeprefix("~/raycobo/") for r in project
+    }
+    copy = tmp_path / "raycobo"
+    for local in project.values():
+        src, dst = ROOT / local, copy / local
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+    meta = subprocess.run(
+        [sys.executable, "-c", "import setuptools.build_meta as b; "
+         f"print(b.prepare_metadata_for_build_wheel({str(tmp_path)!r}))"],
+        cwd=copy, capture_output=True, text=True, timeout=120,
+    )
+    assert meta.returncode == 0, meta.stderr[-2000:]
+    assert (tmp_path / meta.stdout.split()[-1] / "METADATA").is_file()
 
 
 def test_launcher_adds_cluster_defaults_only_where_unset():
