@@ -105,9 +105,16 @@ def test_recipe_mounts_the_project_not_the_checkout(path, tmp_path):
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, dst)
     meta = subprocess.run(
-        [sys.executable, "-c", "import setuptools.build_meta as b; "
-         f"print(b.prepare_metadata_for_build_wheel({str(tmp_path)!r}))"],
-        cwd=copy, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "import setuptools.build_meta as b; "
+            f"print(b.prepare_metadata_for_build_wheel({str(tmp_path)!r}))",
+        ],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert meta.returncode == 0, meta.stderr[-2000:]
     assert (tmp_path / meta.stdout.split()[-1] / "METADATA").is_file()
