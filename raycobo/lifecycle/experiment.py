@@ -194,7 +194,7 @@ def _run(cfg, writer: RunDir, found: Resume | None, callbacks, progress, signals
             row, stats = loop.step()
             if progress is not None:
                 progress.advance(stats, row)
-        summary = _finish(cfg, session, task, ctx, rs, found, start, writer)
+        summary = _finish(cfg, session, task, ctx, rs, start, writer)
         if start_from is not None:
             summary["started_from"] = str(start_from)
             writer.write_summary(summary)
@@ -317,7 +317,7 @@ def _record_stop(stop: StopRun, writer: RunDir, ctx: RunContext, rs, start) -> d
     return {"status": "stopped", "last_round": round_, **extra}
 
 
-def _finish(cfg, session: Session, task: Task, ctx, rs: RunState, found, start, writer) -> dict:
+def _finish(cfg, session: Session, task: Task, ctx, rs: RunState, start, writer) -> dict:
     """The final summary and files (W, snapshots, artifacts, plots)."""
     W = session.collaboration()
     W_np = W.detach().float().cpu().numpy() if W is not None else None
@@ -347,7 +347,7 @@ def _finish(cfg, session: Session, task: Task, ctx, rs: RunState, found, start, 
         "diverged": rs.diverged,
         "membership": rs.membership,
         "history": rs.compact_history(),
-        "resumed_from_round": found.from_round if found is not None else None,
+        "resumed_from_round": writer.resumed_from_round,
         "wall_seconds": rs.wall_before + time.perf_counter() - start,
         "mlflow_run_id": ctx.mlflow_run_id,
         "provenance": ctx.provenance,

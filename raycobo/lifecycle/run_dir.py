@@ -122,7 +122,7 @@ class RunDir(RunDirChecks, BaseCallback):
                 "pid": os.getpid(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 **self.identity(),
-                "resumed_from_round": found.from_round if found is not None else None,
+                "resumed_from_round": self.resumed_from_round,
             }
             if self._extending():  # the finished run's summary stays until one replaces it
                 running = {**found.previous, "extension": running}
@@ -158,6 +158,11 @@ class RunDir(RunDirChecks, BaseCallback):
             "rounds": c.rounds,
             "provenance": self.provenance,
         }
+
+    @property
+    def resumed_from_round(self) -> int | None:
+        """The round the opened run resumed from (None: it started fresh)."""
+        return self.resume.from_round if self.resume is not None else None
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.path / "summary.json", json.dumps(summary, indent=2))
@@ -263,7 +268,7 @@ class RunDir(RunDirChecks, BaseCallback):
             **self.identity(),
             "checkpoint": str(latest) if latest is not None else None,
             "mlflow_run_id": mlflow_run_id,
-            "resumed_from_round": found.from_round if found is not None else None,
+            "resumed_from_round": self.resumed_from_round,
             **(extra or {}),
         }
         try:
