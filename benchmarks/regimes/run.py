@@ -190,6 +190,7 @@ OFF_AT = {
     "fade_decay": "gamma",  # the fade's only schedule before the key
     "fade_clients": 0,
     "closure": 0,
+    "start_all_pairs": False,
 }
 
 

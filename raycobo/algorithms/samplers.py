@@ -19,6 +19,13 @@ Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
   after K samples (``mixed_switch: {samples: K}``) about as many samples in the run;
 - ``full``:     every pair, every round (the paper's "no sampling" oracle).
 
+With ``start_all`` round 0 samples every pair, whatever the strategy: where the models
+start from one x^0, every pair's midpoint is x^0 there, so its score reads its two
+clients' data alone, before either model has fit its own (CoBo's ``start_all_pairs``).
+Where the strategy samples a pair S < 1 times over the run (a short run among very many
+clients), round 0 samples each pair with probability S instead: it at most doubles the
+run's pairs.
+
 Where a strategy samples a pair S < ``least_samples`` times over the run (in
 expectation: many clients, a short run), all its p_t are multiplied by least_samples / S,
 at most ``max_scale`` and at most 1 (CoBo's ``sampling_samples``, ``sampling_scale_max``);
@@ -116,6 +123,7 @@ class EdgeSampler:
     switch_samples: float | None = None  # or: switch once a pair had this many samples
     least_samples: float = 0.0  # p_t scaled where a pair would have fewer (``scale``)
     max_scale: float = math.inf  # ... by at most this
+    start_all: bool = False  # round 0: every pair (``start_rate``)
 
     def __post_init__(self):
         if self.kind not in SAMPLINGS:
@@ -132,7 +140,7 @@ class EdgeSampler:
         most = float(getattr(cfg, "sampling_scale_max", None) or math.inf)
         return cls(
             cfg.sampling, n, rounds, seed, cfg.sampling_c, cfg.time_c, share, samples,
-            least, most,
+            least, most, bool(getattr(cfg, "start_all_pairs", False)),
         )  # fmt: skip
 
     def constant_rate(self) -> float:
@@ -153,7 +161,16 @@ class EdgeSampler:
 
     def probability(self, t: int) -> float:
         p = SAMPLINGS[self.kind](self, t)
+        if t == 0 and self.start_all:
+            p = max(p, self.start_rate)
         return p if self.scale == 1.0 else min(1.0, p * self.scale)
+
+    @functools.cached_property
+    def start_rate(self) -> float:
+        """Round 0's rate with ``start_all``: 1, or S where the sampler without it samples
+        a pair S < 1 times over the run (its scale-up included)."""
+        have = dataclasses.replace(self, start_all=False).samples_below(1.0)
+        return 1.0 if have is None else have
 
     @functools.cached_property
     def scale(self) -> float:

@@ -177,6 +177,32 @@ def test_least_samples_scales_a_short_runs_rates_up_to_its_cap():
         assert torch.equal(long.sample(t), base.sample(t))
 
 
+def test_start_all_samples_every_pair_in_round_0_and_nothing_else_changes():
+    """start_all: round 0 draws every pair (where every midpoint is the shared x^0);
+    every later round's rate and draws are the strategy's own; a pair's expected samples
+    count round 0's; least_samples' S counts it too. Where the strategy samples a pair
+    S < 1 times over the run, round 0's rate is S (at most twice the run's pairs)."""
+    plain = EdgeSampler("mixed", 80, 1000, 3, 2.0, 1.0, 0.5)
+    start = EdgeSampler("mixed", 80, 1000, 3, 2.0, 1.0, 0.5, start_all=True)
+    assert start.probability(0) == 1.0 and len(start.sample(0)) == n_pairs(80)
+    for t in (1, 2, 499, 500, 999):
+        assert start.probability(t) == plain.probability(t)
+        assert torch.equal(start.sample(t), plain.sample(t))
+    assert start.expected_samples(1) == 1.0
+    assert start.expected_samples(1000) == pytest.approx(plain.expected_samples(1000) + 0.975)
+    assert start.highest_probability() == 1.0
+    short = EdgeSampler("mixed", 80, 200, 3, 2.0, 1.0, 0.5, least_samples=12.0)
+    both = EdgeSampler("mixed", 80, 200, 3, 2.0, 1.0, 0.5, least_samples=12.0, start_all=True)
+    S = short.strategy().expected_samples(200)
+    assert both.scale == pytest.approx(12.0 / (S + 1.0 - 0.025))  # round 0: 1, not 2 / 80
+    assert both.probability(0) == 1.0
+    # 10,000 clients for 10 rounds: a pair's S = 10 * 2 / 10,000 = 0.002
+    big = EdgeSampler("constant", 10_000, 10, 0, 2.0, start_all=True)
+    assert big.start_rate == pytest.approx(0.002)
+    got = len(big.sample(0)) / n_pairs(10_000)
+    assert got == pytest.approx(0.002, rel=0.05)
+
+
 @pytest.mark.parametrize("kind", ["constant", "time", "mixed", "mixed_sqrt", "early", "full"])
 def test_the_highest_rate_is_a_scans_without_one(kind, monkeypatch):
     """highest_probability reads the rates where a phase begins (round 0, the switch):
@@ -185,8 +211,8 @@ def test_the_highest_rate_is_a_scans_without_one(kind, monkeypatch):
     from raycobo.algorithms import samplers
 
     for n, rounds, switch, least in [(8, 50, 0.2, 0.0), (80, 200, 0.5, 12.0), (4, 1, 0.5, 0.0)]:
-        for c, tc in [(1.0, 1.0), (2.0, 3.0)]:
-            s = EdgeSampler(kind, n, rounds, 0, c, tc, switch, least_samples=least)
+        for c, tc, first in [(1.0, 1.0, False), (2.0, 3.0, False), (2.0, 1.0, True)]:
+            s = EdgeSampler(kind, n, rounds, 0, c, tc, switch, least_samples=least, start_all=first)
             scan = max(s.probability(t) for t in range(rounds))
             assert s.highest_probability() == scan, (n, rounds, c, tc)
     assert set(samplers.SAMPLINGS) == {"constant", "time", "mixed", "mixed_sqrt", "early", "full"}

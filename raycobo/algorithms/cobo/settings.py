@@ -53,6 +53,7 @@ register_preset(
     recheck_samples=0.0,
     sampling="mixed",
     mixed_switch=0.5,
+    start_all_pairs=False,
     sampling_samples=0.0,
     sampling_scale_max=4.0,
     fade=0.0,
@@ -139,6 +140,7 @@ WHEN: dict[str, tuple[Needs, ...]] = {
     "pull_strength": (Needs("pull", "mean"), Needs("rho", "auto"), BOX),
     "recheck": (BOX,),
     "recheck_samples": (BOX, Needs("recheck")),
+    "start_all_pairs": (EVERY_PAIR,),
     "sampling_samples": (EVERY_PAIR,),
     "sampling_scale_max": (Needs("sampling_samples"),),
     "fade": (BOX, Needs("pull_threshold", only_on=True)),
@@ -312,6 +314,13 @@ class CoBoConfig(MethodConfig):
         "mixed, mixed_sqrt, early: the first phase, a share of the rounds or {samples: K} "
         "(until each pair has had K samples in expectation, whatever the run's length)",
         "mixed_switch",
+    )
+    start_all_pairs: bool | None = _key(
+        "round 0 samples every pair, whatever the strategy: with init shared every "
+        "pair's midpoint is x^0 there, so its score reads its two clients' data before "
+        "either model has fit its own (where the strategy samples a pair S < 1 times in "
+        "the run, round 0 samples each with probability S: at most twice the run's pairs)",
+        "start_all_pairs",
     )
     sampling_samples: float | None = _key(
         "where the sampling strategy samples a pair fewer than this many times over the "

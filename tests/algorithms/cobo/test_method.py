@@ -154,6 +154,32 @@ def test_the_raycobo_rule_by_hand_over_two_rounds():
     assert cut > 0  # a weight above 0 and below the threshold was left out of the pull
 
 
+@pytest.mark.parametrize("start", [True, False])
+def test_round_0_scores_every_pair_at_x0(start):
+    """start_all_pairs: round 0 samples every pair, and with one shared x^0 every
+    midpoint is x^0, so the scores are the clients' gradients' cosines there. Twelve
+    noiseless quadratic clients in three clusters whose centres are 120 degrees apart
+    (unit length, a_i = 1): at x^0 = 0 a cluster's pairs score cos 0 = 1 and W steps to
+    min(1, 3 * 1) = 1; the others score cos 120 = -0.5 and stay at 0. After round 0, W
+    is the cluster indicator exactly; without the key the sampler's 2 / 12 of the pairs
+    alone are scored."""
+    angles = torch.tensor([0.0, 2.0, 4.0]) * math.pi / 3
+    mu = torch.stack([angles.cos(), angles.sin()], dim=1)
+    cluster = torch.arange(3).repeat_interleave(4)
+    problem = QuadraticProblem(mu, cluster, torch.ones(12), 0.0, torch.zeros(2))
+    ops = QuadraticOps(problem, seed=0)
+    algo = CoBo(CoBoConfig(lr=0.1, start_all_pairs=start), rounds=100, seed=0)
+    state, stats = algo.round(algo.init(ops), 0, ops)
+    same = (cluster[:, None] == cluster[None, :]).float()
+    pairs = 12 * 11 // 2
+    if start:
+        assert torch.equal(state.W, same)
+        assert stats["alignment_grads"] == pairs * 2 * algo.batches
+    else:
+        assert 0 < int((state.W * (1 - torch.eye(12))).count_nonzero()) < int(same.sum() - 12)
+        assert stats["alignment_grads"] < pairs * 2 * algo.batches / 2
+
+
 @pytest.mark.parametrize("sizes", [[2, 2], [2, 4, 6, 8, 10]])
 def test_example2_with_the_defaults_beats_local_and_recovers_the_clusters(quad_cfg, sizes):
     """CoBo's Example 2 with every CoBo key at its default (the issue's case: the earlier

@@ -313,7 +313,7 @@ def test_bounded_staleness_lets_the_step_go_ahead_of_a_slow_host(
 
 
 @pytest.mark.parametrize(
-    "task", ["quadratic", "recheck", "current", "batches", "digits", "fade", "closure"]
+    "task", ["quadratic", "recheck", "current", "batches", "digits", "fade", "closure", "start"]
 )
 def test_host_resident_cobo_matches_the_local_engine(
     ray_2_cpus_2_fake_gpus, quad_cfg_module, digits_cfg, task
@@ -327,7 +327,8 @@ def test_host_resident_cobo_matches_the_local_engine(
     fade (every round the hosts' rows and the coordinator's W lower the weights below
     the threshold alike, by an amount grown with the clients present: fade_clients),
     and with closure (round t's pairs two pulled steps apart,
-    drawn by the coordinator from W^t)."""
+    drawn by the coordinator from W^t), and with every pair scored in round 0
+    (start_all_pairs)."""
     if task in ("quadratic", "recheck", "current", "batches"):
         over = {"algorithm.name": "cobo", "rounds": 6}
         if task == "recheck":
@@ -348,6 +349,7 @@ def test_host_resident_cobo_matches_the_local_engine(
             # fade_clients 2 of 4 clients: the fade at twice its amount, the same on both
             *(["algorithm.fade=1", "algorithm.fade_clients=2"] if task == "fade" else []),
             *(["algorithm.closure=1"] if task == "closure" else []),
+            *(["algorithm.start_all_pairs=true"] if task == "start" else []),
         )
     cfg = with_overrides(cfg, {"engine.rounds": "resident"})
     _, report = ray_matches_local(cfg, 6)
