@@ -22,9 +22,10 @@ Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
 With ``start_all`` round 0 samples every pair, whatever the strategy: where the models
 start from one x^0, every pair's midpoint is x^0 there, so its score reads its two
 clients' data alone, before either model has fit its own (CoBo's ``start_all_pairs``).
-Where the strategy samples a pair S < 1 times over the run (a short run among very many
-clients), round 0 samples each pair with probability S instead: it at most doubles the
-run's pairs.
+Every later round's rate is the run's own: a pair's expected samples count round 0's,
+the scale-up below does not. Where the strategy samples a pair S < 1 times over the run
+(a short run among very many clients), round 0 samples each pair with probability S
+instead: it at most doubles the run's pairs.
 
 Where a strategy samples a pair S < ``least_samples`` times over the run (in
 expectation: many clients, a short run), all its p_t are multiplied by least_samples / S,
@@ -189,8 +190,11 @@ class EdgeSampler:
         return _cumulative(self, t, floor)
 
     def strategy(self) -> EdgeSampler:
-        """This sampler without ``least_samples``: the strategy's own rates."""
-        return dataclasses.replace(self, least_samples=0.0, max_scale=math.inf, seed=0)
+        """This sampler without ``least_samples`` and ``start_all``: the strategy's own
+        rates."""
+        return dataclasses.replace(
+            self, least_samples=0.0, max_scale=math.inf, seed=0, start_all=False
+        )
 
     def shortfall(self, k: float) -> float:
         """k over S, this sampler's samples of a pair over the run, where S < k (1 where

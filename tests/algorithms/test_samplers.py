@@ -180,7 +180,8 @@ def test_least_samples_scales_a_short_runs_rates_up_to_its_cap():
 def test_start_all_samples_every_pair_in_round_0_and_nothing_else_changes():
     """start_all: round 0 draws every pair (where every midpoint is the shared x^0);
     every later round's rate and draws are the strategy's own; a pair's expected samples
-    count round 0's; least_samples' S counts it too. Where the strategy samples a pair
+    count round 0's, least_samples' S does not (a short run's later rates are the
+    run's own, scaled as without it). Where the strategy samples a pair
     S < 1 times over the run, round 0's rate is S (at most twice the run's pairs)."""
     plain = EdgeSampler("mixed", 80, 1000, 3, 2.0, 1.0, 0.5)
     start = EdgeSampler("mixed", 80, 1000, 3, 2.0, 1.0, 0.5, start_all=True)
@@ -194,8 +195,9 @@ def test_start_all_samples_every_pair_in_round_0_and_nothing_else_changes():
     short = EdgeSampler("mixed", 80, 200, 3, 2.0, 1.0, 0.5, least_samples=12.0)
     both = EdgeSampler("mixed", 80, 200, 3, 2.0, 1.0, 0.5, least_samples=12.0, start_all=True)
     S = short.strategy().expected_samples(200)
-    assert both.scale == pytest.approx(12.0 / (S + 1.0 - 0.025))  # round 0: 1, not 2 / 80
+    assert both.scale == short.scale == pytest.approx(12.0 / S)
     assert both.probability(0) == 1.0
+    assert all(both.probability(t) == short.probability(t) for t in range(1, 200))
     # 10,000 clients for 10 rounds: a pair's S = 10 * 2 / 10,000 = 0.002
     big = EdgeSampler("constant", 10_000, 10, 0, 2.0, start_all=True)
     assert big.start_rate == pytest.approx(0.002)

@@ -318,8 +318,9 @@ class CoBoConfig(MethodConfig):
     start_all_pairs: bool | None = _key(
         "round 0 samples every pair, whatever the strategy: with init shared every "
         "pair's midpoint is x^0 there, so its score reads its two clients' data before "
-        "either model has fit its own (where the strategy samples a pair S < 1 times in "
-        "the run, round 0 samples each with probability S: at most twice the run's pairs)",
+        "either model has fit its own; later rounds as without it (where the strategy "
+        "samples a pair S < 1 times in the run, round 0 samples each with probability S: "
+        "at most twice the run's pairs)",
         "start_all_pairs",
     )
     sampling_samples: float | None = _key(
