@@ -262,13 +262,13 @@ def answer(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:
     if E == 0 or not shares_points(ops):
         return answer_rows(ops, req, t)
     per = min(r for r in (getattr(ops, "shared_part_rows", None), held_rows(ops), req.rows) if r)
-    scores = []
+    scores = req.models.new_empty(E)
     for a, b in pair_parts(E, per // (2 * req.batches)):
         clients, Z, salts = shared_rows(req, a, b)
         G, _ = ops.grads(clients, Z, t, rng.ALIGN, salts)
-        scores.append(scores_from(req, G, by_pair=True))
-        del G
-    return torch.cat(scores), req.models.new_zeros(0)
+        scores[a:b] = scores_from(req, G, by_pair=True)
+        del clients, Z, salts, G  # nothing of a part outlives it (``held_apart``)
+    return scores, req.models.new_zeros(0)
 
 
 def answer_rows(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,8 +281,10 @@ def answer_rows(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tenso
         return none.clone(), none
     if held is None or req.rows <= held:
         return _plain_scores(ops, req, t), none
-    parts = pair_parts(E, held // (2 * req.batches))
-    return torch.cat([_plain_scores(ops, part(req, a, b), t) for a, b in parts]), none
+    scores = req.models.new_empty(E)
+    for a, b in pair_parts(E, held // (2 * req.batches)):
+        scores[a:b] = _plain_scores(ops, part(req, a, b), t)
+    return scores, none
 
 
 def _plain_scores(ops, req: PairScores, t: int) -> torch.Tensor:
