@@ -529,3 +529,57 @@ def test_a_signed_matrix_mass_counts_only_as_a_share_of_sizes():
     ] == pytest.approx(0.7)
     cobo = {**base, "entry": "cobo", "method": "cobo", "mass_inside": 0.9}  # W >= 0: counts
     assert report.summarize([cobo])["digits-8-r100"]["cobo"]["mass_inside"] == 0.9
+
+
+def test_a_cell_without_clusters_tunes_its_baselines_and_reports_the_margin():
+    """A cell with ``baselines`` (no ground-truth clusters) has no Oracle: on validation
+    every point of each baseline's grid runs, on test each baseline runs under its name
+    with the point best on validation; the report gives each other entry's margin over
+    the best baseline over the seeds both ran, and the verdict names the cells where it
+    is behind by more than noise (twice the standard error)."""
+    cells = {c["id"]: c for c in regimes.load_cells()}
+    cell = cells["fmnist-20-dir0.3-r300"]
+    assert regimes.clients(cell) == 20
+    given = {"local": ("local", {}), "oracle": ("oracle", {}), "cobo": ("cobo", {})}
+
+    class Args:
+        no_baselines, split = False, "validation"
+
+    val = regimes.cell_entries(cell, given, Args(), [])
+    assert "oracle" not in val and "local" in val and "cobo" in val
+    assert val["ditto:lam=0.1"] == ("ditto", {"lam": 0.1})
+    assert val["fedavg_ft:ft_steps=30"] == ("fedavg_ft", {"ft_steps": 30})
+    assert regimes.cell_entries(cells["quad-2x2"], given, Args(), []) is given
+
+    def row(entry, seed, acc, split="validation"):
+        method = regimes.baseline_of(entry, cell) or "cobo"
+        return {"cell": cell["id"], "entry": entry, "method": method, "seed": seed,
+                "split": split, "accuracy": acc, "loss": 1.0, "diverged": False}  # fmt: skip
+
+    scores = {"local": 0.60, "fedavg": 0.70, "fedavg_ft:ft_steps=30": 0.74,
+              "fedavg_ft:ft_steps=100": 0.78, "ditto:lam=0.01": 0.65,
+              "ditto:lam=0.1": 0.80, "ditto:lam=1.0": 0.79}  # fmt: skip
+    rows = [row(e, s, a + 0.01 * s) for e, a in scores.items() for s in (0, 1)]
+    Args.split = "test"
+    test = regimes.cell_entries(cell, given, Args(), rows)
+    assert test["ditto"] == ("ditto", {"lam": 0.1})
+    assert test["fedavg_ft"] == ("fedavg_ft", {"ft_steps": 100})
+    assert test["local"] == ("local", {}) and "oracle" not in test
+    jobs = regimes.plan_jobs([cell], lambda c: regimes.cell_entries(c, given, Args(), rows),
+                             [0], "test", {})  # fmt: skip
+    assert {j["entry"] for j in jobs} == {"local", "fedavg", "fedavg_ft", "ditto", "cobo"}
+
+    rows += [row("cobo", 0, 0.75), row("cobo", 1, 0.79)]  # 5 and 2 points behind ditto
+    table = report.summarize(rows)
+    cobo = table[cell["id"]]["cobo"]
+    assert cobo["best"] == "ditto:lam=0.1" and cobo["margin"] == pytest.approx(-0.035)
+    assert cobo["margin_se"] == pytest.approx(0.015)  # sd of -0.05, -0.02 over sqrt 2
+    assert report.behind(cobo) and not table[cell["id"]]["ditto:lam=0.1"].get("margin")
+    v = report.verdict(table, "cobo")
+    assert v["unclustered"] == [cell["id"]] and v["behind_best"] == [cell["id"]]
+    assert v["cells"] == 0  # no Local -> Oracle gap there
+    text = report.markdown_unclustered(table, ["cobo"])
+    assert "| fmnist-20-dir0.3-r300 | ditto:lam=0.1: 80.5 | 77.0, **-3.5** ± 1.5 |" in text
+    assert "fmnist-20-dir0.3-r300" not in report.markdown(table, ["cobo"])
+    rows[-1] = row("cobo", 1, 0.83)  # -5 and +2: within noise
+    assert not report.behind(report.summarize(rows)[cell["id"]]["cobo"])

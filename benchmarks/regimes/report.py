@@ -6,7 +6,8 @@ Usage: python benchmarks/regimes/report.py [--out DIR] [--split test|validation]
 Per cell and entry: the score (accuracy, or loss for the quadratic cells), the share of
 the Local -> Oracle gap closed ((entry - local) / (oracle - local), in the metric's
 direction), W within/across at the end and the share of each row's mass inside its
-cluster, over seeds (mean; runs that diverged are counted and shown).
+cluster, over seeds (mean; runs that diverged are counted and shown). On a cell without
+clusters (its ``baselines``): the margin over the best of its baselines, in points.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def summarize(rows: list[dict]) -> dict:
     """-> {cell: {entry: {score, gap, diverged, n, w_within, w_across, mass_inside,
     mass_pulled}}}"""
     metric = {c["id"]: c.get("metric", "accuracy") for c in load_cells()}
+    unclustered = {c["id"]: c for c in load_cells() if c.get("baselines")}
     last = {(r["cell"], r["entry"], r["seed"]): r for r in rows}  # a run done again: its last
     by = defaultdict(lambda: defaultdict(list))
     for r in last.values():
@@ -99,6 +101,9 @@ def summarize(rows: list[dict]) -> dict:
     table = {}
     for cell, entries in by.items():
         key = metric.get(cell, "accuracy")
+        if cell in unclustered:
+            table[cell] = margins(entries, unclustered[cell], key)
+            continue
         score = {e: _mean([r[key] for r in rs if not r["diverged"]]) for e, rs in entries.items()}
         table[cell] = {}
         for e, rs in entries.items():
@@ -132,6 +137,62 @@ def summarize(rows: list[dict]) -> dict:
                 "metric": key,
             }
     return table
+
+
+def margins(entries: dict[str, list[dict]], cell: dict, key: str) -> dict:
+    """A cell without clusters: per entry its score and, for an entry that is not one of
+    the cell's baselines, its margin over the best of them: the baseline entry (a grid
+    point, on validation) with the best mean over the seeds that it and the entry ran,
+    with the paired standard error over those seeds. -> {entry: {score, margin,
+    margin_se, best, baseline, n, diverged, seconds, metric, and the other cells' keys
+    (gap, W's shares) as None}}"""
+    sign = 1.0 if key == "accuracy" else -1.0
+    per = {  # entry -> seed -> score (a diverged run scores no seed)
+        e: {r["seed"]: r[key] for r in rs if not r["diverged"] and r[key] is not None}
+        for e, rs in entries.items()
+    }
+    out = {}
+    for e, rs in entries.items():
+        v = {
+            "score": _mean(list(per[e].values())),
+            "margin": None,
+            "margin_se": None,
+            "best": None,
+            "n": len(rs),
+            "diverged": sum(r["diverged"] for r in rs),
+            "seconds": _mean([r.get("seconds") for r in rs if _one_thread(r)]),
+            "metric": key,
+            "baseline": _run.baseline_of(e, cell) is not None,
+            "devices": sorted({r.get("device", "cpu") for r in rs}),
+            **dict.fromkeys(("gap", "gap_se", "w_within", "w_across", "mass_inside")),
+            "mass_pulled": None,
+        }
+        out[e] = v
+        if v["baseline"]:
+            continue
+        best, best_mean = None, None
+        for b in entries:
+            seeds = set(per[e]) & set(per[b])
+            if _run.baseline_of(b, cell) is None or not seeds:
+                continue
+            m = statistics.fmean(per[b][s] for s in seeds)
+            if best is None or sign * m > sign * best_mean:
+                best, best_mean = b, m
+        if best is None:
+            continue
+        diffs = [sign * (per[e][s] - per[best][s]) for s in sorted(set(per[e]) & set(per[best]))]
+        v["best"], v["margin"] = best, statistics.fmean(diffs)
+        if len(diffs) > 1:
+            v["margin_se"] = statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return out
+
+
+def behind(v: dict) -> bool:
+    """Whether an entry's margin over the best baseline is below 0 by more than noise
+    (twice its standard error; with one seed, any amount)."""
+    if v.get("margin") is None:
+        return False
+    return v["margin"] + 2 * (v.get("margin_se") or 0.0) < 0
 
 
 def _a_share(row: dict) -> bool:
@@ -179,7 +240,7 @@ def fmt_score(v: dict | None) -> str:
 
 
 def markdown(table: dict, entries: list[str]) -> str:
-    cells = [c["id"] for c in load_cells() if c["id"] in table]
+    cells = [c["id"] for c in load_cells() if c["id"] in table and not c.get("baselines")]
     head = "| cell | Local | Oracle | " + " | ".join(entries) + " |"
     lines = [head, "|" + "---|" * (3 + len(entries))]
     for cell in cells:
@@ -205,12 +266,52 @@ def markdown(table: dict, entries: list[str]) -> str:
     return "\n".join(lines)
 
 
+def markdown_unclustered(table: dict, entries: list[str]) -> str:
+    """The cells without clusters: the best baseline, and each entry's margin over it
+    (points, ± its standard error over seeds); "" where none ran."""
+    cells = [c["id"] for c in load_cells() if c["id"] in table and c.get("baselines")]
+    if not cells:
+        return ""
+    lines = [
+        "| cell (no clusters) | best baseline | " + " | ".join(entries) + " |",
+        "|" + "---|" * (2 + len(entries)),
+    ]
+    for cell in cells:
+        t = table[cell]
+        shown = [t[e] for e in entries if e in t and t[e].get("best")]
+        best = shown[0]["best"] if shown else None
+        row = [cell, "-" if best is None else f"{best}: {fmt_score(t[best])}"]
+        for e in entries:
+            v = t.get(e)
+            if v is None:
+                row.append("-")
+                continue
+            text = fmt_score(v)
+            if v.get("margin") is not None:
+                scale = 100 if v["metric"] == "accuracy" else 1
+                text += f", **{scale * v['margin']:+.1f}**"
+                if v.get("margin_se") is not None:
+                    text += f" ± {scale * v['margin_se']:.1f}"
+                if v["best"] != best:
+                    text += f" (vs {v['best']})"
+            row.append(text)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def verdict(table: dict, entry: str) -> dict:
     """The issue's targets for one entry over the counted cells."""
     gaps, worst, below_local, short, low_mass, low_whole, div = [], None, [], [], [], [], []
     cost = []  # the entry's seconds over Local's on the same cell (one CPU thread each)
+    unclustered, short_of_best = [], []
     for cell in table:
         v = table[cell].get(entry)
+        if v is not None and "margin" in v:
+            if v["margin"] is not None:
+                unclustered.append(cell)
+                if behind(v):
+                    short_of_best.append(cell)
+            continue
         if v is None or not counts(table, cell):
             continue
         local_s = table[cell]["local"]["seconds"]
@@ -240,6 +341,8 @@ def verdict(table: dict, entry: str) -> dict:
         "whole_mass_below_0.9": low_whole,
         "diverged": div,
         "median_cost": statistics.median(cost) if cost else None,
+        "unclustered": unclustered,
+        "behind_best": short_of_best,
     }
 
 
@@ -388,9 +491,17 @@ def main() -> int:
     if args.cells:
         table = {cell: t for cell, t in table.items() if cell in args.cells.split(",")}
     entries = shown or sorted(
-        {e for t in table.values() for e in t if not e.startswith(_run.SWEEP)} - {"local", "oracle"}
+        {
+            e
+            for t in table.values()
+            for e, v in t.items()
+            if not e.startswith(_run.SWEEP) and not v.get("baseline")
+        }
+        - {"local", "oracle"}
     )
     lines = [markdown(table, entries), ""]
+    if unclustered := markdown_unclustered(table, entries):
+        lines += [unclustered, ""]
     for e in entries:
         v = verdict(table, e)
         med = "-" if v["median_gap"] is None else f"{100 * v['median_gap']:.0f} %"
@@ -403,6 +514,12 @@ def main() -> int:
             f"{_names(v['below_0.75'])}; pulled mass inside < 0.9: "
             f"{_names(v['mass_below_0.9'])}; whole-W mass inside < 0.9: "
             f"{_names(v['whole_mass_below_0.9'])}; diverged: {_names(v['diverged'])}"
+            + (
+                f"; {len(v['unclustered'])} cells without clusters, behind the best "
+                f"baseline by more than noise: {_names(v['behind_best'])}"
+                if v["unclustered"]
+                else ""
+            )
         )
     if stale:
         lines += [

@@ -19,6 +19,13 @@ split is where they are reported. Candidates (``candidates.yaml``) are named set
 ``algorithm.*`` overrides for CoBo, compared against the defaults (``cobo``); other
 methods (``--methods``) run with their own defaults, each as the entry of its name.
 
+A cell without ground-truth clusters (its ``baselines``: method -> a grid of its own
+keys, ``{}`` for none) has no Oracle: CoBo is measured against the best of those
+methods, each tuned as ``compare --tune`` tunes it. On the validation split every
+point of a method's grid runs (entries ``method:key=value,...``; the method's name
+where it has no grid); on the test split each method runs as the entry of its name
+with the point best on validation.
+
 The tuned ceiling, what a user who tunes CoBo on their own held-out data reaches:
 ``--split validation --sweep`` runs every point of ``candidates.yaml``'s ``sweep`` grid
 (entries ``sweep:key=value,...``), and ``--split test --tuned`` runs, per cell, the
@@ -88,10 +95,15 @@ def sweep_entries(grid: dict[str, list]) -> dict[str, tuple[str, dict]]:
 
 
 def tuned_choice(rows: list[dict], cell: dict, grid: dict[str, list]) -> dict | None:
-    """The sweep point with the best mean validation score on ``cell`` over the seeds
-    every point ran (a diverged run scores worst; ties: the first in the grid's order),
-    as its overrides; None where some point has not run on any seed they share."""
-    points = sweep_entries(grid)
+    """The sweep point with the best mean validation score on ``cell`` (``best_point``)."""
+    return best_point(rows, cell, sweep_entries(grid))
+
+
+def best_point(rows: list[dict], cell: dict, points: dict[str, tuple[str, dict]]) -> dict | None:
+    """Of ``points`` (entry -> (method, overrides)), the one with the best mean validation
+    score on ``cell`` over the seeds every point ran (a diverged run scores worst; ties:
+    the first in the points' order), as its overrides; None where some point has not run
+    on any seed they share."""
     metric = cell.get("metric", "accuracy")
     last = {(r["entry"], r["seed"]): r for r in rows if r["cell"] == cell["id"]}
     seeds = None
@@ -111,6 +123,48 @@ def tuned_choice(rows: list[dict], cell: dict, grid: dict[str, list]) -> dict | 
     pick = max if metric == "accuracy" else min
     best = pick(points, key=score)  # max/min keep the first of equal scores
     return points[best][1]
+
+
+def grid_points(method: str, grid: dict[str, list]) -> dict[str, tuple[str, dict]]:
+    """One entry of ``method`` per point of ``grid`` (key -> values), named
+    ``method:key=value,...``; the method's name alone where the grid is empty."""
+    import itertools
+
+    if not grid:
+        return {method: (method, {})}
+    keys = list(grid)
+    out = {}
+    for values in itertools.product(*(grid[k] for k in keys)):
+        over = dict(zip(keys, values, strict=True))
+        out[method + ":" + ",".join(f"{k}={v}" for k, v in over.items())] = (method, over)
+    return out
+
+
+def baseline_of(entry: str, cell: dict) -> str | None:
+    """The baseline method an entry of ``cell`` is (its name, or a point of its grid);
+    None for any other entry, and on a cell with clusters."""
+    method = entry.split(":", 1)[0]
+    return method if method in (cell.get("baselines") or {}) else None
+
+
+def baseline_entries(
+    cell: dict, split: str, validation_rows: list[dict]
+) -> tuple[dict[str, tuple[str, dict]], list[str]]:
+    """A cell's ``baselines``: on validation every point of each method's grid; on test
+    each method as the entry of its name with its point best on validation (one whose
+    grid has not run there is left out). -> (entries, the methods left out)"""
+    entries, missing = {}, []
+    for method, grid in (cell.get("baselines") or {}).items():
+        points = grid_points(method, grid or {})
+        if split == "validation" or not grid:
+            entries.update(points)
+            continue
+        over = best_point(validation_rows, cell, points)
+        if over is None:
+            missing.append(method)
+        else:
+            entries[method] = (method, over)
+    return entries, missing
 
 
 def cell_config(
@@ -165,8 +219,11 @@ def entry_settings(method: str, overrides: dict, cell: dict | None = None) -> di
 
 
 def clients(cell: dict) -> int | None:
-    """A cell's client count from its partition (clusters x clients, or a list of sizes)."""
+    """A cell's client count from its partition (clusters x clients, a list of sizes, or
+    ``num_clients``)."""
     part = cell["config"]["data"].get("partition") or {}
+    if part.get("num_clients") is not None:
+        return int(part["num_clients"])
     per = part.get("clients_per_cluster")
     if isinstance(per, list):
         return sum(per)
@@ -296,15 +353,15 @@ def _worker(job: dict, threads: int) -> dict:
     return run_one(job)
 
 
-def plan_jobs(
-    cells, entries: dict[str, tuple[str, dict]], seeds, split, done, **where
-) -> list[dict]:
+def plan_jobs(cells, entries, seeds, split, done, **where) -> list[dict]:
     """The runs not yet in ``done`` ((cell, entry, seed, split) -> the settings the row
     ran, None for a row written before rows recorded them) with the entry's settings of
-    now, longest cells first; ``where``: device, data_root."""
+    now, longest cells first; ``entries``: name -> (method, overrides), or a function of
+    the cell giving them; ``where``: device, data_root."""
     jobs = []
     for cell in sorted(cells, key=lambda c: -c.get("minutes", 1)):
-        for entry, (method, overrides) in entries.items():
+        own = entries(cell) if callable(entries) else entries
+        for entry, (method, overrides) in own.items():
             now = entry_settings(method, overrides, cell)
             for seed in seeds:
                 key = (cell["id"], entry, seed, split)
@@ -443,6 +500,25 @@ def choose_entries(args, known: dict[str, dict]) -> dict[str, tuple[str, dict]]:
     return entries
 
 
+def cell_entries(
+    cell: dict, entries: dict[str, tuple[str, dict]], args, validation_rows: list[dict]
+) -> dict[str, tuple[str, dict]]:
+    """The entries of one cell: ``entries``, where the cell has no clusters its
+    ``baselines`` (``baseline_entries``) in place of Local and Oracle."""
+    if not cell.get("baselines"):
+        return entries
+    own = {e: v for e, v in entries.items() if e not in ("local", "oracle")}
+    if args.no_baselines:
+        return own
+    base, missing = baseline_entries(cell, args.split, validation_rows)
+    if missing:
+        print(
+            f"{cell['id']}: {', '.join(missing)} not run: tune on validation first "
+            "(--split validation runs every point of their grids)"
+        )
+    return {**base, **own}
+
+
 def tuned_jobs(cells: list[dict], args, seeds: list[int], done: dict) -> list[dict]:
     """--tuned: per cell, the sweep point that scored best on the validation split
     (OUT/validation/results.jsonl), run as the entry ``tuned``; ValueError where no
@@ -478,7 +554,9 @@ def main() -> int:
     ap.add_argument("--seeds", default=None)
     ap.add_argument("--split", choices=["test", "validation"], default="test")
     ap.add_argument("--candidates", default="", help="named CoBo variants to add")
-    ap.add_argument("--no-baselines", action="store_true", help="skip Local and Oracle")
+    ap.add_argument(
+        "--no-baselines", action="store_true", help="skip Local and Oracle (a cell's baselines)"
+    )
     ap.add_argument("--no-cobo", action="store_true", help="skip CoBo's defaults")
     ap.add_argument(
         "--methods", default="", help="other methods to add, each with its defaults (fedamp,...)"
@@ -523,9 +601,10 @@ def main() -> int:
     }
     try:
         entries = choose_entries(args, load_candidates())
+        validation_rows = read_results(args.out / "validation" / "results.jsonl")
         jobs = plan_jobs(
-            cells, entries, seeds, args.split, done,
-            device=args.device, data_root=args.data_root,
+            cells, lambda cell: cell_entries(cell, entries, args, validation_rows),
+            seeds, args.split, done, device=args.device, data_root=args.data_root,
         )  # fmt: skip
         if args.tuned:
             jobs += tuned_jobs(cells, args, seeds, done)
