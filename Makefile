@@ -87,14 +87,19 @@ fidelity-quick: install data
 fidelity-ablation: install data
 	$(PY) benchmarks/fidelity/run.py --jobs 2 --ablation
 
-# CoBo's regime matrix (benchmarks/regimes): Local, Oracle, CoBo's defaults, earlier
-# defaults and the paper's rule on every CPU cell, 3 seeds on the test split;
+# CoBo's regime matrix (benchmarks/regimes): Local, Oracle (or, without clusters, the
+# tuned baselines), CoBo's defaults, earlier defaults and the paper's rule on every CPU
+# cell, 3 seeds on the test split;
 # the tuned ceiling on the cells of up to 80 clients (the sweep grid on validation, 2
 # seeds, then each cell's best point on test); then its table and plots in FIDELITY.md
 # (about eight hours on 2 cores; the GPU cells: benchmarks/regimes/gpu.sh; -quick: the
 # small cells, one seed, minutes)
 TUNED_CELLS = quad-2to10,quad-2x2,digits-8-r100,digits-8-r400,mnist1d-16,fmnist-16-rich,fmnist-80-r1000
+# the cells without clusters: their baselines' grids on validation first (the test pass
+# runs each baseline's best point there)
+UNCLUSTERED_CELLS = fmnist-20-dir0.3-r300,fmnist-20-dir0.3
 regimes: install data
+	$(PY) benchmarks/regimes/run.py --split validation --no-cobo --cells $(UNCLUSTERED_CELLS)
 	$(PY) benchmarks/regimes/run.py --split test \
 		--candidates eighteenth-matrix,fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fourth-matrix,third-matrix,paper
 	$(PY) benchmarks/regimes/run.py --split validation --no-baselines --sweep \
