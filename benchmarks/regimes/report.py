@@ -92,8 +92,9 @@ def current(rows: list[dict], shown: list[str] | None = None) -> tuple[list[dict
 def summarize(rows: list[dict]) -> dict:
     """-> {cell: {entry: {score, gap, diverged, n, w_within, w_across, mass_inside,
     mass_pulled}}}"""
-    metric = {c["id"]: c.get("metric", "accuracy") for c in load_cells()}
-    unclustered = {c["id"]: c for c in load_cells() if c.get("baselines")}
+    cells = load_cells()
+    metric = {c["id"]: c.get("metric", "accuracy") for c in cells}
+    unclustered = {c["id"]: c for c in cells if c.get("baselines")}
     last = {(r["cell"], r["entry"], r["seed"]): r for r in rows}  # a run done again: its last
     by = defaultdict(lambda: defaultdict(list))
     for r in last.values():

@@ -84,13 +84,19 @@ def load_sweep() -> dict[str, list]:
 
 def sweep_entries(grid: dict[str, list]) -> dict[str, tuple[str, dict]]:
     """One CoBo entry per point of the grid, named ``sweep:key=value,...``."""
+    return _points(SWEEP, "cobo", grid)
+
+
+def _points(prefix: str, method: str, grid: dict[str, list]) -> dict[str, tuple[str, dict]]:
+    """One entry of ``method`` per point of ``grid`` (key -> values), named
+    ``prefix`` + ``key=value,...``."""
     import itertools
 
     keys = list(grid)
     entries = {}
     for values in itertools.product(*(grid[k] for k in keys)):
         over = dict(zip(keys, values, strict=True))
-        entries[SWEEP + ",".join(f"{k}={v}" for k, v in over.items())] = ("cobo", over)
+        entries[prefix + ",".join(f"{k}={v}" for k, v in over.items())] = (method, over)
     return entries
 
 
@@ -128,16 +134,7 @@ def best_point(rows: list[dict], cell: dict, points: dict[str, tuple[str, dict]]
 def grid_points(method: str, grid: dict[str, list]) -> dict[str, tuple[str, dict]]:
     """One entry of ``method`` per point of ``grid`` (key -> values), named
     ``method:key=value,...``; the method's name alone where the grid is empty."""
-    import itertools
-
-    if not grid:
-        return {method: (method, {})}
-    keys = list(grid)
-    out = {}
-    for values in itertools.product(*(grid[k] for k in keys)):
-        over = dict(zip(keys, values, strict=True))
-        out[method + ":" + ",".join(f"{k}={v}" for k, v in over.items())] = (method, over)
-    return out
+    return _points(method + ":", method, grid) if grid else {method: (method, {})}
 
 
 def baseline_of(entry: str, cell: dict) -> str | None:

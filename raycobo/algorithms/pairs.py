@@ -262,12 +262,15 @@ def answer(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:
     if E == 0 or not shares_points(ops):
         return answer_rows(ops, req, t)
     per = min(r for r in (getattr(ops, "shared_part_rows", None), held_rows(ops), req.rows) if r)
+    # one output made before the parts, and nothing of a part kept past it: a tensor
+    # that outlives its part splits the free block the next part needs in a heap that
+    # is never trimmed (``engine.memory.keep_freed_memory``)
     scores = req.models.new_empty(E)
     for a, b in pair_parts(E, per // (2 * req.batches)):
         clients, Z, salts = shared_rows(req, a, b)
         G, _ = ops.grads(clients, Z, t, rng.ALIGN, salts)
         scores[a:b] = scores_from(req, G, by_pair=True)
-        del clients, Z, salts, G  # nothing of a part outlives it (``held_apart``)
+        del clients, Z, salts, G
     return scores, req.models.new_zeros(0)
 
 
