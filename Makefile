@@ -101,12 +101,12 @@ UNCLUSTERED_CELLS = fmnist-20-dir0.3-r300,fmnist-20-dir0.3
 regimes: install data
 	$(PY) benchmarks/regimes/run.py --split validation --no-cobo --cells $(UNCLUSTERED_CELLS)
 	$(PY) benchmarks/regimes/run.py --split test \
-		--candidates eighteenth-matrix,fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fourth-matrix,third-matrix,paper
+		--candidates twenty-first-matrix,eighteenth-matrix,fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fourth-matrix,third-matrix,paper
 	$(PY) benchmarks/regimes/run.py --split validation --no-baselines --sweep \
 		--cells $(TUNED_CELLS) --seeds 0,1
 	$(PY) benchmarks/regimes/run.py --split test --no-baselines --tuned --cells $(TUNED_CELLS)
 	$(PY) benchmarks/regimes/report.py --split test \
-		--entries cobo,tuned,eighteenth-matrix,fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fifth-matrix,fourth-matrix,third-matrix,paper \
+		--entries cobo,tuned,twenty-first-matrix,eighteenth-matrix,fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fifth-matrix,fourth-matrix,third-matrix,paper \
 		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png \
 		--scaling-plot benchmarks/regimes/scaling.png
 

@@ -390,11 +390,12 @@ def scaling(table: dict, entry: str = "cobo", min_clients: int = 80) -> str:
         "| n | cell | rounds | Local | Oracle | CoBo | gap closed | W within / across | "
         "pulled mass inside | s / round (1 CPU thread) | run on |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines, missing = [head, "|" + "---|" * 11], []
     cells = [(clients(c), c) for c in load_cells() if c["id"] in table]
     for n, c in sorted((x for x in cells if x[0] and x[0] >= min_clients), key=lambda x: x[0]):
         t, v = table[c["id"]], table[c["id"]].get(entry)
         if v is None:
+            missing.append(c["id"])
             continue
         gap = "-" if v["gap"] is None else f"{100 * v['gap']:.0f} %"
         w = "-" if v["w_within"] is None else f"{v['w_within']:.2f} / {v['w_across']:.3f}"
@@ -405,6 +406,8 @@ def scaling(table: dict, entry: str = "cobo", min_clients: int = 80) -> str:
             f"{fmt_score(t.get('oracle'))} | {fmt_score(v)} | {gap} | {w} | "
             f"{'-' if mass is None else f'{mass:.2f}'} | {sec} | {', '.join(v['devices'])} |"
         )
+    if missing:
+        lines += ["", f"Not run with `{entry}`'s settings of now: {', '.join(missing)}."]
     return "\n".join(lines)
 
 

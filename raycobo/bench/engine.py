@@ -99,6 +99,7 @@ def workload(model: str, n: int, engine: str, batch_size: int, extra: list[str] 
             f"engine.kind={engine}",
             f"batch_size={batch_size}",
             "algorithm.sampling=constant",
+            "algorithm.start_all_pairs=false",  # round 0 as every other: a steady round
             "algorithm.lr=0.05",
             "tracking.enabled=false",
             *(extra or []),

@@ -107,6 +107,7 @@ def cobo_rate(
             "model.name=resnet9",
             f"batch_size={batch}",
             "algorithm.sampling=constant",
+            "algorithm.start_all_pairs=false",  # a steady round, round 0 included
             "algorithm.lr=0.01",
             "tracking.enabled=false",
             f"engine.device={device}",

@@ -119,6 +119,7 @@ def _method(algorithm: str, n: int, local_steps: int | None) -> list[str]:
             "algorithm.name=cobo",
             "algorithm.sampling=constant",
             "algorithm.sampling_samples=0",
+            "algorithm.start_all_pairs=false",
         ]
         head.append(f"algorithm.rho={min(0.3, 5.0 / n)}")
     else:

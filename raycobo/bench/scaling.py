@@ -100,6 +100,7 @@ def _session(task: str, n: int, clusters: int, rounds: int):
         "algorithm.name=cobo",
         "algorithm.sampling=constant",
         "algorithm.sampling_samples=0",  # p = c / n: a bench's few rounds are no short run
+        "algorithm.start_all_pairs=false",  # round 0 too
         f"algorithm.rho={min(0.1, 5.0 / n)}",  # eta * rho * (n - 1) < 1 while W = 1
         "tracking.enabled=false",
     ]

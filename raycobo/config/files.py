@@ -133,9 +133,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 # stored configs start with this line (``Config.to_yaml``); this version reads those that
-# versions from READS_FROM on wrote (0.3.0: CoBo's presets, the keys they left out gone)
+# versions from READS_FROM on wrote (0.4.0: preset raycobo scores every pair in round 0,
+# so a config of 0.3's that leaves it null would resume under other defaults)
 WRITTEN_BY = "# written by raycobo "
-READS_FROM = "0.3.0"
+READS_FROM = "0.4.0"
 
 
 def _release(version: str) -> tuple[int, ...] | None:

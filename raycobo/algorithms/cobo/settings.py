@@ -93,6 +93,7 @@ register_preset(
     initial_weight=0.0,
     recheck=0.02,
     recheck_samples=8.0,
+    start_all_pairs=True,
     sampling_samples=12.0,
     fade=1.0,
     fade_clients=160,

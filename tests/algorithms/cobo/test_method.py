@@ -388,11 +388,16 @@ def test_fade_leaves_w_with_the_weights_the_pull_reads(digits_cfg):
     """Digits in two label-permutation clusters of 4, 100 rounds: early samples leave
     cross-cluster pairs with weights below the pull's threshold, which without fade
     stay in W to the end (its whole mass inside the clusters well under the pulled
-    share); with fade they return to 0 and the whole W holds what the pull reads."""
+    share); with fade they return to 0 and the whole W holds what the pull reads
+    (round 0 samples as the strategy does: every pair scored at x^0 would give the
+    fade more such weights to take back)."""
     clusters, out = None, {}
     for fade in (0.0, 1.0):
         cfg = digits_cfg(
-            "data.partition.clients_per_cluster=4", "rounds=100", f"algorithm.fade={fade}"
+            "data.partition.clients_per_cluster=4",
+            "rounds=100",
+            f"algorithm.fade={fade}",
+            "algorithm.start_all_pairs=false",
         )
         data, ops, algo = build(cfg)
         clusters = data.clusters

@@ -133,8 +133,9 @@ def test_recheck_samples_raises_the_rate_where_the_sampler_sees_each_pair_rarely
     not pinned where there are no re-checks."""
     from raycobo.config import ConfigError, load_config
 
-    def made(n, rounds, **kw):  # the strategy's own rates (no sampling_samples)
-        return CoBo(CoBoConfig(**{"sampling_samples": 0.0, **kw}), rounds=rounds, seed=0)
+    def made(n, rounds, **kw):  # the strategy's own rates (no sampling_samples, round 0's)
+        own = {"sampling_samples": 0.0, "start_all_pairs": False, **kw}
+        return CoBo(CoBoConfig(**own), rounds=rounds, seed=0)
 
     n, R = 800, 1000  # mixed: p = 2/800 in the first half, far less after the switch
     S = made(n, R).sampler(n).expected_samples(R)
@@ -178,7 +179,9 @@ def test_sampling_samples_samples_each_pair_k_times_in_a_short_run():
     strategy alone. Off in the paper preset; refused where it would do nothing."""
     from raycobo.config import ConfigError, load_config
 
-    algo, plain = CoBo(CoBoConfig(), 200, 0), CoBo(CoBoConfig(sampling_samples=0.0), 200, 0)
+    own = CoBoConfig(start_all_pairs=False)  # round 0 at the strategy's rate
+    rates = own.model_copy(update={"sampling_samples": 0.0})  # the strategy's alone
+    algo, plain = CoBo(own, 200, 0), CoBo(rates, 200, 0)
     S = plain.sampler(80).expected_samples(200)
     assert 3 < S < 3.5 and algo.cfg.sampling_samples == 12.0
     assert algo.sampler(80).expected_samples(200) == pytest.approx(12.0)
@@ -189,12 +192,12 @@ def test_sampling_samples_samples_each_pair_k_times_in_a_short_run():
     k = algo.sampler(80).expected_samples(50)  # the scaled rates, above recheck's 0.02
     assert k == pytest.approx(plain.sampler(80).expected_samples(50) * 12 / S)
     assert algo.w_step(50, 80).gamma == pytest.approx(3.0 / (1 + k) ** 0.5)
-    many = CoBo(CoBoConfig(), 1000, 0)  # 800 clients: S = 1.9, the factor capped at 4
+    many = CoBo(own, 1000, 0)  # 800 clients: S = 1.9, the factor capped at 4
     assert many.sampler(800).scale == 4.0
-    S800 = CoBo(CoBoConfig(sampling_samples=0.0), 1000, 0).sampler(800).expected_samples(1000)
+    S800 = CoBo(rates, 1000, 0).sampler(800).expected_samples(1000)
     assert many.sampler(800).expected_samples(1000) == pytest.approx(4 * S800)
     assert recheck_floor(many, 800) == pytest.approx(0.02 * 8 / S800)
-    rich, base = CoBo(CoBoConfig(), 3000, 0), CoBo(CoBoConfig(sampling_samples=0.0), 3000, 0)
+    rich, base = CoBo(own, 3000, 0), CoBo(rates, 3000, 0)
     assert rich.sampler(80).scale == 1.0  # S = 38
     for t in (0, 100, 2999):
         assert torch.equal(rich.sample_edges(None, t, 80)[0], base.sample_edges(None, t, 80)[0])
@@ -241,7 +244,9 @@ def test_closure_completes_the_clusters_the_sampler_leaves_half_measured(digits_
     100 rounds: without closure the pull reads 38 of the 56 pairs inside the clusters
     at the end (those whose few early samples scored low stay out); with each client
     proposing a collaborator's collaborator every round 49, and still none across the
-    clusters (40 without closure at the eighteenth round's fade of 0.5)."""
+    clusters (40 without closure at the eighteenth round's fade of 0.5). Round 0 samples
+    at the strategy's rate: scoring every pair there measures them all once (47 pulled
+    without closure, 53 with)."""
     pulled = {}
     for closure in (0.0, 1.0):
         cfg = digits_cfg(
@@ -250,6 +255,7 @@ def test_closure_completes_the_clusters_the_sampler_leaves_half_measured(digits_
             "algorithm.sampling=constant",
             "algorithm.sampling_c=1",
             f"algorithm.closure={closure}",
+            "algorithm.start_all_pairs=false",
         )
         data, ops, algo = build(cfg)
         W = run_rounds(algo, ops, 100).W

@@ -173,8 +173,9 @@ def test_initial_weight_and_pull_strength_apply_where_they_act():
 def test_recheck_is_a_box_domain_key():
     """raycobo re-samples pulled pairs, the paper's preset does not; a simplex W is
     refused the key."""
-    # the re-checks' own rates (no closure, which reads W whatever the rates)
-    own = CoBoConfig(recheck_samples=0.0, sampling_samples=0.0, closure=0.0)
+    # the re-checks' own rates (no closure, which reads W whatever the rates; round 0
+    # as the strategy samples it)
+    own = CoBoConfig(recheck_samples=0.0, sampling_samples=0.0, closure=0.0, start_all_pairs=False)
     # mixed sampling over 10 rounds: p = 2/200 = 0.01 < 0.02 among 200 clients (W is read)
     assert CoBo(own, 10, 0).samples_from_w(0, 200)
     assert not CoBo(own, 10, 0).samples_from_w(0, 50)  # p = 0.04: W not read

@@ -68,7 +68,8 @@ def test_a_pulled_pair_steps_as_often_as_recheck_samples_it():
     from raycobo.algorithms.cobo import update_weight_rows
 
     n, t = 200, 60  # mixed sampling: p = 2/200 = 0.01 < recheck 0.02 from round 0
-    algo = CoBo(CoBoConfig(recheck_samples=0.0, sampling_samples=0.0), rounds=100, seed=0)
+    own = CoBoConfig(recheck_samples=0.0, sampling_samples=0.0, start_all_pairs=False)
+    algo = CoBo(own, rounds=100, seed=0)
     step = algo.w_step(t, n)
     assert step.gamma == pytest.approx(3.0 / math.sqrt(1 + 0.01 * t))
     assert step.pulled == pytest.approx(3.0 / math.sqrt(1 + 0.02 * t)) and step.cut == 0.5
@@ -127,10 +128,11 @@ def test_fade_returns_the_weights_below_the_threshold_to_zero():
     assert_close(rows.update_rows(W[1:3], torch.tensor([1, 2]), none, torch.zeros(0)), want[1:3])
 
     n, rounds = 10, 400
-    algo = CoBo(CoBoConfig(fade=0.5, sampling="constant", gamma_decay="none"), rounds, seed=0)
+    plain = {"sampling": "constant", "start_all_pairs": False}  # p_t = c / n from round 0
+    algo = CoBo(CoBoConfig(fade=0.5, gamma_decay="none", **plain), rounds, seed=0)
     p = algo.sampler(n).probability(0)
     assert algo.fade_at(7, n) == pytest.approx(0.5 * 0.5 * p)
-    decayed = CoBoConfig(fade=0.5, fade_decay="gamma", sampling="constant")
+    decayed = CoBoConfig(fade=0.5, fade_decay="gamma", **plain)
     decayed = CoBo(decayed, rounds, 0)  # gamma / sqrt(1 + k)
     k = decayed.sampler(n).expected_samples(7)
     assert decayed.fade_at(7, n) == pytest.approx(0.5 * 0.5 * p / (1 + k) ** 0.5)
