@@ -62,12 +62,15 @@ def _one_thread(row: dict) -> bool:
     return _on_cpu(row) and row.get("threads", 1) == 1
 
 
-def current(rows: list[dict], shown: list[str] | None = None) -> tuple[list[dict], list[str]]:
+def current(
+    rows: list[dict], shown: list[str] | None = None, only: list[str] | None = None
+) -> tuple[list[dict], list[str]]:
     """The rows that count as their entry's run now: a row of the defaults (``cobo``) or
     of a candidate whose recorded settings differ from the entry's settings today (a
     default changed since, where it acts on the row's cell) is left out, so that a cell
     not run again shows no figure rather than an old one under the new name. -> (rows,
-    one line per left-out cell and entry, of the entries ``shown`` where given)"""
+    one line per left-out cell and entry, of the entries ``shown`` and the cells ``only``
+    where given)"""
     cells = {c["id"]: c for c in load_cells()}
     overrides = {"cobo": {}, **_run.load_candidates()}
     now: dict[tuple[str, str], dict] = {}  # (cell, entry) -> its settings on that cell
@@ -84,7 +87,7 @@ def current(rows: list[dict], shown: list[str] | None = None) -> tuple[list[dict
     notes = [
         f"{cell} {entry} (seeds {', '.join(map(str, sorted(seeds)))})"
         for (cell, entry), seeds in sorted(stale.items())
-        if shown is None or entry in shown
+        if (shown is None or entry in shown) and (only is None or cell in only)
     ]
     return kept, notes
 
@@ -490,7 +493,8 @@ def main() -> int:
     ap.add_argument("--no-scaling", action="store_true", help="leave out CoBo's defaults against n")
     args = ap.parse_args()
     shown = args.entries.split(",") if args.entries else None
-    rows, stale = current(read_results(args.out / args.split / "results.jsonl"), shown)
+    only = args.cells.split(",") if args.cells else None
+    rows, stale = current(read_results(args.out / args.split / "results.jsonl"), shown, only)
     table = summarize(rows)
     if args.cells:
         table = {cell: t for cell, t in table.items() if cell in args.cells.split(",")}
