@@ -39,6 +39,8 @@ def test_bench_engine_and_scaling_write_their_outputs(tmp_path):
     assert float(by[("mlp", "cobo-paper")]["vs_paper"]) == 1.0
     bad = CliRunner().invoke(app, ["bench", "engine", "--algorithms", "cobo-rhoo"])
     assert bad.exit_code == 2 and "--algorithms" in bad.stderr and "cobo-rhoo" in bad.stderr
+    bad = CliRunner().invoke(app, ["bench", "engine", "--algorithms", "cobo-start_all_pairs"])
+    assert bad.exit_code == 2 and "measures nothing" in bad.stderr
     bad = CliRunner().invoke(app, ["bench", "engine", "--model", "vgg"])
     assert bad.exit_code == 2 and "--model" in bad.stderr
     bad = CliRunner().invoke(app, ["bench", "engine", "--strategy", "fast"])

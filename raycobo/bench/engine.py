@@ -79,6 +79,11 @@ def entry_overrides(entry: str) -> dict:
     if entry == "cobo-paper":
         return {"algorithm.name": "cobo", "algorithm.preset": "paper"}
     key = entry.removeprefix("cobo-")
+    if key == "start_all_pairs":  # the bench's rounds leave round 0's every pair out
+        raise ConfigError(
+            "--algorithms: cobo-start_all_pairs measures nothing here: every row's round 0 "
+            "samples at the strategy's rate (a steady round)"
+        )
     if entry.startswith("cobo-") and key in PRESET_KEYS:
         return {"algorithm.name": "cobo", f"algorithm.{key}": PRESETS["paper"][key]}
     raise ConfigError(
