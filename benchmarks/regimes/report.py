@@ -496,8 +496,8 @@ def main() -> int:
     only = args.cells.split(",") if args.cells else None
     rows, stale = current(read_results(args.out / args.split / "results.jsonl"), shown, only)
     table = summarize(rows)
-    if args.cells:
-        table = {cell: t for cell, t in table.items() if cell in args.cells.split(",")}
+    if only:
+        table = {cell: t for cell, t in table.items() if cell in only}
     entries = shown or sorted(
         {
             e

@@ -69,6 +69,11 @@ class EngineRow:
 REFERENCES = ("local", "cobo-paper")  # measured beside every local-engine row
 
 
+# the CoBo keys every measurement sets (``workload``): constant sampling from round 0 on,
+# a steady round
+WORKLOAD_COBO = {"sampling": "constant", "start_all_pairs": False}
+
+
 def entry_overrides(entry: str) -> dict:
     """The config keys of a bench entry (module docstring); an unknown one raises."""
     from raycobo.algorithms import method_names
@@ -79,13 +84,14 @@ def entry_overrides(entry: str) -> dict:
     if entry == "cobo-paper":
         return {"algorithm.name": "cobo", "algorithm.preset": "paper"}
     key = entry.removeprefix("cobo-")
-    if key == "start_all_pairs":  # the bench's rounds leave round 0's every pair out
-        raise ConfigError(
-            "--algorithms: cobo-start_all_pairs measures nothing here: every row's round 0 "
-            "samples at the strategy's rate (a steady round)"
-        )
     if entry.startswith("cobo-") and key in PRESET_KEYS:
-        return {"algorithm.name": "cobo", f"algorithm.{key}": PRESETS["paper"][key]}
+        value = PRESETS["paper"][key]
+        if value == WORKLOAD_COBO.get(key, PRESETS["raycobo"][key]):
+            raise ConfigError(
+                f"--algorithms: {entry} measures nothing here: every row's CoBo runs with "
+                f"{key} = {value} already"
+            )
+        return {"algorithm.name": "cobo", f"algorithm.{key}": value}
     raise ConfigError(
         f"--algorithms: unknown entry '{entry}' (a method, cobo-paper, or cobo-KEY with KEY "
         f"one of CoBo's preset keys: {', '.join(PRESET_KEYS)})"
@@ -103,8 +109,7 @@ def workload(model: str, n: int, engine: str, batch_size: int, extra: list[str] 
             "model.hidden=[64]",
             f"engine.kind={engine}",
             f"batch_size={batch_size}",
-            "algorithm.sampling=constant",
-            "algorithm.start_all_pairs=false",  # round 0 as every other: a steady round
+            *(f"algorithm.{k}={str(v).lower()}" for k, v in WORKLOAD_COBO.items()),
             "algorithm.lr=0.05",
             "tracking.enabled=false",
             *(extra or []),
