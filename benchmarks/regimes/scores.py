@@ -125,13 +125,17 @@ def measure(
             E = i.numel()
             Z = (0.5 * (state.X[i] + state.X[j])).repeat(2, 1)
             ends, partners = torch.cat([i, j]), torch.cat([j, i])
-            draws = [
-                ops.grads(ends, Z, t, rng.ALIGN, partners + SALT_BASE + b * n)[0]
-                for b in range(batches)
-            ]
             floor = self.floor(state)
-            one = alignment_scores(draws[0][:E], draws[0][E:], self.cfg.alignment, floor)
-            G = torch.stack(draws).mean(dim=0)
+            G = None  # the draws' sum, one draw held at a time (2E x d each)
+            for b in range(batches):
+                g = ops.grads(ends, Z, t, rng.ALIGN, partners + SALT_BASE + b * n)[0]
+                if G is None:
+                    one = alignment_scores(g[:E], g[E:], self.cfg.alignment, floor)
+                    G = g.clone()  # an engine may reuse its output buffer
+                else:
+                    G.add_(g)
+                del g
+            G.div_(batches)
             mean = alignment_scores(G[:E], G[E:], self.cfg.alignment, floor)
             inside = clusters[i] == clusters[j]
             row = {
