@@ -62,6 +62,9 @@ def test_the_report_reads_the_matrix(rows, tmp_path):
     assert v["cells"] == 2 and v["below_local"] == [] and v["diverged"] == []
     ratios = [table[c]["cobo"]["seconds"] / table[c]["local"]["seconds"] for c in table]
     assert v["median_cost"] == sum(ratios) / 2  # the median of two cells' time over Local's
+    for cell, ratio in zip(table, ratios, strict=True):  # each cell's own, in its row
+        line = next(x for x in text.splitlines() if x.startswith(f"| {cell} "))
+        assert line.endswith(f", {ratio:.1f}× time |")
     out = tmp_path / "FIDELITY.md"
     out.write_text("# Fidelity\n\nclaims\n")
     report.write_block(out, "## table\n" + text)

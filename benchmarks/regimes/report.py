@@ -243,6 +243,14 @@ def fmt_score(v: dict | None) -> str:
     return s + (f" ({v['diverged']} div.)" if v["diverged"] else "")
 
 
+def _cost(v: dict, local: dict | None) -> str:
+    """ ", 2.4× time": the entry's run time over Local's on the cell (one CPU thread
+    each; "" where either has no such row)."""
+    if not v.get("seconds") or not local or not local.get("seconds"):
+        return ""
+    return f", {v['seconds'] / local['seconds']:.1f}× time"
+
+
 def markdown(table: dict, entries: list[str]) -> str:
     cells = [c["id"] for c in load_cells() if c["id"] in table and not c.get("baselines")]
     head = "| cell | Local | Oracle | " + " | ".join(entries) + " |"
@@ -265,7 +273,7 @@ def markdown(table: dict, entries: list[str]) -> str:
             inside = "" if v["mass_inside"] is None else f", in {v['mass_inside']:.2f}"
             if v.get("mass_pulled") is not None:
                 inside += f" (pulled {v['mass_pulled']:.2f})"
-            row.append(fmt_score(v) + gap + inside)
+            row.append(fmt_score(v) + gap + inside + _cost(v, t.get("local")))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
