@@ -88,8 +88,8 @@ fidelity-ablation: install data
 	$(PY) benchmarks/fidelity/run.py --jobs 2 --ablation
 
 # CoBo's regime matrix (benchmarks/regimes): Local, Oracle (or, without clusters, the
-# tuned baselines), CoBo's defaults, earlier defaults and the paper's rule on every CPU
-# cell, 3 seeds on the test split;
+# tuned baselines), CoBo's defaults, the previous defaults and the paper's rule on every
+# CPU cell, 3 seeds on the test split;
 # the tuned ceiling on the cells of up to 80 clients (the sweep grid on validation, 2
 # seeds, then each cell's best point on test); then its table and plots in FIDELITY.md
 # (about eight hours on 2 cores; the GPU cells: benchmarks/regimes/gpu.sh; -quick: the
@@ -101,12 +101,12 @@ UNCLUSTERED_CELLS = fmnist-20-dir0.3-r300,fmnist-20-dir0.3
 regimes: install data
 	$(PY) benchmarks/regimes/run.py --split validation --no-cobo --cells $(UNCLUSTERED_CELLS)
 	$(PY) benchmarks/regimes/run.py --split test \
-		--candidates twenty-first-matrix,eighteenth-matrix,fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fourth-matrix,third-matrix,paper
+		--candidates twenty-first-matrix,paper
 	$(PY) benchmarks/regimes/run.py --split validation --no-baselines --sweep \
 		--cells $(TUNED_CELLS) --seeds 0,1
 	$(PY) benchmarks/regimes/run.py --split test --no-baselines --tuned --cells $(TUNED_CELLS)
 	$(PY) benchmarks/regimes/report.py --split test \
-		--entries cobo,tuned,twenty-first-matrix,eighteenth-matrix,fifteenth-matrix,thirteenth-matrix,tenth-matrix,sixth-matrix,fifth-matrix,fourth-matrix,third-matrix,paper \
+		--entries cobo,tuned,twenty-first-matrix,paper \
 		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png \
 		--scaling-plot benchmarks/regimes/scaling.png
 
