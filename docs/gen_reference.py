@@ -28,5 +28,7 @@ for image in re.findall(r"\]\((benchmarks/[^)]+\.png)\)", fidelity):
     with mkdocs_gen_files.open(f"images/{Path(image).name}", "wb") as f:
         f.write((ROOT / image).read_bytes())
     fidelity = fidelity.replace(f"]({image})", f"](../images/{Path(image).name})")
+# links into the site from the repository root (docs/X) as the page sees them
+fidelity = fidelity.replace("](docs/", "](../")
 with mkdocs_gen_files.open("explanation/fidelity.md", "w") as f:
     f.write(fidelity)
