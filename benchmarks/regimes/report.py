@@ -243,12 +243,18 @@ def fmt_score(v: dict | None) -> str:
     return s + (f" ({v['diverged']} div.)" if v["diverged"] else "")
 
 
-def _cost(v: dict, local: dict | None) -> str:
-    """ ", 2.4× time": the entry's run time over Local's on the cell (one CPU thread
-    each; "" where either has no such row)."""
+def time_over_local(v: dict, local: dict | None) -> float | None:
+    """The entry's run time over Local's on the same cell (one CPU thread each; None where
+    either has no such row)."""
     if not v.get("seconds") or not local or not local.get("seconds"):
-        return ""
-    return f", {v['seconds'] / local['seconds']:.1f}× time"
+        return None
+    return v["seconds"] / local["seconds"]
+
+
+def _cost(v: dict, local: dict | None) -> str:
+    """The cell's ", 2.4× time" (``time_over_local``; "" where there is none)."""
+    ratio = time_over_local(v, local)
+    return "" if ratio is None else f", {ratio:.1f}× time"
 
 
 def markdown(table: dict, entries: list[str]) -> str:
@@ -326,9 +332,9 @@ def verdict(table: dict, entry: str) -> dict:
             continue
         if v is None or not counts(table, cell):
             continue
-        local_s = table[cell]["local"]["seconds"]
-        if v["seconds"] and local_s:
-            cost.append(v["seconds"] / local_s)
+        ratio = time_over_local(v, table[cell]["local"])
+        if ratio is not None:
+            cost.append(ratio)
         if v["diverged"]:
             div.append(cell)
         if v["gap"] is not None:
