@@ -12,11 +12,6 @@ Each unordered pair (i, j), i < j, is updated in round t with probability p_t:
 - ``mixed_sqrt``: constant for the first ``mixed_switch`` share of rounds, then
   p_t = min(1, c / sqrt(t + 1)) -- the authors' code (github epfml/CoBo, grouping.py:
   p = 2/n for 800 steps, then 1/sqrt(t));
-- ``early``:    ``mixed`` with its constant phase raised toward one sample of a pair every
-  ten rounds (``EARLY_RATE``), by at most ``EARLY_BOOST`` times c / n: a pair's first
-  samples come while the models have not yet fit their own data, when Eq. (1)'s scores
-  still tell the clusters apart (benchmarks/regimes/LOG.md, 2026-12-05); with the switch
-  after K samples (``mixed_switch: {samples: K}``) about as many samples in the run;
 - ``full``:     every pair, every round (the paper's "no sampling" oracle).
 
 With ``start_all`` round 0 samples every pair, whatever the strategy: where the models
@@ -50,11 +45,6 @@ from dataclasses import dataclass
 import torch
 
 from raycobo import rng
-
-# ``early``'s first phase: at least one sample of a pair every 1 / EARLY_RATE rounds, where
-# that is at most EARLY_BOOST times the constant rate c / n
-EARLY_RATE = 0.1
-EARLY_BOOST = 4.0
 
 
 def n_pairs(n: int) -> int:
@@ -120,8 +110,7 @@ class EdgeSampler:
     seed: int
     sampling_c: float = 1.0
     time_c: float = 1.0
-    mixed_switch: float = 0.002
-    switch_samples: float | None = None  # or: switch once a pair had this many samples
+    mixed_switch: float = 0.002  # the share of the rounds before mixed's switch
     least_samples: float = 0.0  # p_t scaled where a pair would have fewer (``scale``)
     max_scale: float = math.inf  # ... by at most this
     start_all: bool = False  # round 0: every pair (``start_rate``)
@@ -133,31 +122,19 @@ class EdgeSampler:
     @classmethod
     def for_cobo(cls, cfg, n: int, rounds: int, seed: int) -> EdgeSampler:
         """The sampler of CoBo's settings (``sampling``, ``sampling_c``, ``time_c``,
-        ``mixed_switch``: a share of the rounds, or an object with ``samples``)."""
-        switch = cfg.mixed_switch
-        samples = getattr(switch, "samples", None)
-        share = 0.0 if samples is not None else float(switch)
+        ``mixed_switch``, ``sampling_samples``, ``sampling_scale_max``,
+        ``start_all_pairs``)."""
         least = float(getattr(cfg, "sampling_samples", 0.0) or 0.0)
         most = float(getattr(cfg, "sampling_scale_max", None) or math.inf)
         return cls(
-            cfg.sampling, n, rounds, seed, cfg.sampling_c, cfg.time_c, share, samples,
-            least, most, bool(getattr(cfg, "start_all_pairs", False)),
+            cfg.sampling, n, rounds, seed, cfg.sampling_c, cfg.time_c,
+            float(cfg.mixed_switch), least, most, bool(getattr(cfg, "start_all_pairs", False)),
         )  # fmt: skip
 
     def constant_rate(self) -> float:
         return min(1.0, self.sampling_c / max(self.n, 1))
 
-    def first_rate(self) -> float:
-        """The rate of the run's first phase: c / n, for ``early`` raised toward
-        EARLY_RATE by at most EARLY_BOOST times."""
-        c = self.constant_rate()
-        if self.kind != "early":
-            return c
-        return max(c, min(EARLY_RATE, EARLY_BOOST * c, 1.0))
-
     def switch_round(self) -> int:
-        if self.switch_samples is not None:  # the first phase gives each pair K samples
-            return int(math.ceil(self.switch_samples / self.first_rate()))
         return int(math.ceil(self.mixed_switch * self.rounds))
 
     def probability(self, t: int) -> float:
@@ -245,11 +222,6 @@ def _mixed_sqrt(s: EdgeSampler, t: int) -> float:  # the authors' code: 2/n, the
     if t < s.switch_round():
         return s.constant_rate()
     return min(1.0, s.time_c / math.sqrt(t + 1))
-
-
-@sampling_rule("early")
-def _early(s: EdgeSampler, t: int) -> float:
-    return s.first_rate() if t < s.switch_round() else min(s.constant_rate(), _time(s, t))
 
 
 @sampling_rule("full")

@@ -84,50 +84,26 @@ def test_same_seed_same_edges_and_different_rounds_differ():
     assert not torch.equal(a.sample(4), a.sample(5))
 
 
-def test_expected_samples_sum_the_probabilities_and_a_switch_by_samples():
-    """k_t (the W step's decay) is the sum of the p_tau before t; mixed_switch
-    {samples: K} ends the constant phase once every pair has had K samples in
-    expectation, whatever the run's length."""
+def test_expected_samples_sum_the_probabilities():
+    """k_t (the W step's decay) is the sum of the p_tau before t."""
     s = EdgeSampler("mixed", 40, 500, seed=3, sampling_c=2.0, time_c=1.0, mixed_switch=0.5)
     assert s.expected_samples(0) == 0.0
     for t in (1, 7, 250, 251, 499, 500):
         assert s.expected_samples(t) == pytest.approx(sum(s.probability(u) for u in range(t)))
-    by_samples = EdgeSampler("mixed", 40, 500, 3, 2.0, 1.0, 0.0, switch_samples=10.0)
-    assert by_samples.switch_round() == 200  # 10 / (2 / 40)
-    assert by_samples.expected_samples(200) == pytest.approx(10.0)
-    longer = EdgeSampler("mixed", 40, 5000, 3, 2.0, 1.0, 0.0, switch_samples=10.0)
-    assert longer.switch_round() == 200
 
 
-def test_early_samples_a_pair_every_ten_rounds_at_most_four_times_the_constant_rate():
-    """``early``: the first phase's rate is c / n raised toward 0.1 by at most 4x, the
-    switch after K samples at that rate, then mixed's tail. At 80 clients and c = 2 that
-    is mixed with c = 8 draw for draw (its tail, 1 / t, is below both c / n by then); at
-    16 clients it is mixed itself (2 / 16 > 0.1); at 40, 0.1; at 400, 4 x 2 / 400."""
-
-    def sampler(kind, n, c=2.0):
-        return EdgeSampler(kind, n, 1000, 5, c, 1.0, 0.0, switch_samples=12.0)
-
-    assert sampler("early", 80).first_rate() == 0.1 and sampler("early", 80).switch_round() == 120
-    assert sampler("early", 40).first_rate() == 0.1
-    assert sampler("early", 400).first_rate() == pytest.approx(0.02)
-    assert sampler("early", 16).first_rate() == sampler("mixed", 16).first_rate() == 0.125
-    early, wide = sampler("early", 80), sampler("mixed", 80, c=8.0)
-    for t in (0, 119, 120, 121, 500, 999):
-        assert early.probability(t) == wide.probability(t)
-        assert torch.equal(early.sample(t), wide.sample(t))
-    small, mixed = sampler("early", 16), sampler("mixed", 16)
-    assert all(small.probability(t) == mixed.probability(t) for t in range(1000))
-    assert early.expected_samples(120) == pytest.approx(12.0)
-
-
-def test_cobo_reads_mixed_switch_as_a_share_or_samples():
+def test_cobo_reads_mixed_switch_as_a_share_of_the_rounds():
+    """mixed_switch is a share of the rounds; its {samples: K} form and the ``early``
+    strategy were removed in raycobo 0.4.1 (no preset used them) and are refused."""
     from raycobo.algorithms.cobo import CoBo, CoBoConfig
+    from raycobo.config import ConfigError, load_config
 
     assert CoBo(CoBoConfig(mixed_switch=0.25), 400, 0).sampler(8).switch_round() == 100
-    by = CoBo(CoBoConfig(mixed_switch={"samples": 5}), 400, 0).sampler(8)
-    assert by.switch_round() == 20  # 5 samples at p = 2 / 8
     assert CoBo(CoBoConfig(preset="paper"), 400, 0).sampler(8).switch_round() == 200
+    with pytest.raises(ConfigError, match="algorithm.mixed_switch"):
+        load_config(None, ["algorithm.mixed_switch={samples: 5}"])
+    with pytest.raises(ConfigError, match="algorithm.sampling"):
+        load_config(None, ["algorithm.sampling=early"])
 
 
 def test_a_sampling_strategy_is_one_registered_function(monkeypatch):
@@ -205,7 +181,7 @@ def test_start_all_samples_every_pair_in_round_0_and_nothing_else_changes():
     assert got == pytest.approx(0.002, rel=0.05)
 
 
-@pytest.mark.parametrize("kind", ["constant", "time", "mixed", "mixed_sqrt", "early", "full"])
+@pytest.mark.parametrize("kind", ["constant", "time", "mixed", "mixed_sqrt", "full"])
 def test_the_highest_rate_is_a_scans_without_one(kind, monkeypatch):
     """highest_probability reads the rates where a phase begins (round 0, the switch):
     for every built-in rule, with a scale-up and without, the largest p_t a scan over the
@@ -217,7 +193,7 @@ def test_the_highest_rate_is_a_scans_without_one(kind, monkeypatch):
             s = EdgeSampler(kind, n, rounds, 0, c, tc, switch, least_samples=least, start_all=first)
             scan = max(s.probability(t) for t in range(rounds))
             assert s.highest_probability() == scan, (n, rounds, c, tc)
-    assert set(samplers.SAMPLINGS) == {"constant", "time", "mixed", "mixed_sqrt", "early", "full"}
+    assert set(samplers.SAMPLINGS) == {"constant", "time", "mixed", "mixed_sqrt", "full"}
     asked = []
     rule = samplers.SAMPLINGS[kind]
     monkeypatch.setitem(samplers.SAMPLINGS, kind, lambda s, t: asked.append(t) or rule(s, t))

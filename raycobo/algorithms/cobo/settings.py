@@ -19,7 +19,7 @@ from raycobo.algorithms.pairs import ALIGN_BATCHES_MAX, SCORES
 from raycobo.algorithms.samplers import SAMPLINGS
 from raycobo.algorithms.settings import MethodConfig
 from raycobo.registry import import_object, is_import_path
-from raycobo.settings import ConfigError, Section
+from raycobo.settings import ConfigError
 
 Sampling = Literal[tuple(SAMPLINGS)]  # the strategies samplers.py registers
 Domain = Literal["box", "simplex"]
@@ -164,13 +164,6 @@ def _share(description: str, key: str):
     return _key(description, key, ge=0, le=1)
 
 
-class SwitchAfter(Section):
-    """mixed sampling's constant phase, as a number of samples of each pair (in
-    expectation) instead of a share of the rounds."""
-
-    samples: float = Field(gt=0, description="expected samples of a pair before the switch")
-
-
 class CoBoConfig(MethodConfig):
     """CoBo (Algorithm 1; Eq. 1-3)."""
 
@@ -311,10 +304,8 @@ class CoBoConfig(MethodConfig):
     )
     sampling_c: float = Field(default=2.0, gt=0, description="constant: p = c/n")
     time_c: float = Field(default=1.0, gt=0, description="time: p_t = min(1, c/t)")
-    mixed_switch: Annotated[float, Field(ge=0, le=1)] | SwitchAfter | None = _key(
-        "mixed, mixed_sqrt, early: the first phase, a share of the rounds or {samples: K} "
-        "(until each pair has had K samples in expectation, whatever the run's length)",
-        "mixed_switch",
+    mixed_switch: float | None = _share(
+        "mixed, mixed_sqrt: the constant phase's share of the rounds", "mixed_switch"
     )
     start_all_pairs: bool | None = _key(
         "round 0 samples every pair, whatever the strategy: with init shared every "
