@@ -85,6 +85,7 @@ def test_the_scaling_table_reads_n_from_the_cells(tmp_path):
     and the plot against n."""
     cells = {c["id"]: c for c in regimes.load_cells()}
     assert report.clients(cells["fmnist-160"]) == 160 and report.clients(cells["quad-2x2"]) == 4
+    assert report.clients(cells["fmnist-16-groups"]) == 32  # 4 groups (the default) x 8
     rows = [
         {"cell": "fmnist-160", "entry": e, "seed": 0, "accuracy": a, "loss": 1.0,
          "diverged": False, "seconds": 300.0, "mass_inside": 0.8, "mass_pulled_inside": 0.99,

@@ -216,17 +216,16 @@ def entry_settings(method: str, overrides: dict, cell: dict | None = None) -> di
 
 
 def clients(cell: dict) -> int | None:
-    """A cell's client count from its partition (clusters x clients, a list of sizes, or
-    ``num_clients``)."""
+    """A cell's client count from its partition: ``num_clients``, or its clusters' sizes
+    (a list, or clients_per_cluster x num_clusters, either at its default)."""
+    from raycobo.config.sections import PartitionConfig
+
     part = cell["config"]["data"].get("partition") or {}
     if part.get("num_clients") is not None:
         return int(part["num_clients"])
-    per = part.get("clients_per_cluster")
-    if isinstance(per, list):
-        return sum(per)
-    if per is not None and part.get("num_clusters") is not None:
-        return int(per) * int(part["num_clusters"])
-    return None
+    if "clients_per_cluster" not in part and "num_clusters" not in part:
+        return None
+    return sum(PartitionConfig(**part).cluster_sizes())
 
 
 # CoBo keys that act only where the sampler alone samples a pair fewer than K times in
