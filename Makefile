@@ -101,12 +101,12 @@ UNCLUSTERED_CELLS = fmnist-20-dir0.3-r300,fmnist-20-dir0.3
 regimes: install data
 	$(PY) benchmarks/regimes/run.py --split validation --no-cobo --cells $(UNCLUSTERED_CELLS)
 	$(PY) benchmarks/regimes/run.py --split test \
-		--candidates twenty-first-matrix,paper
+		--candidates paper
 	$(PY) benchmarks/regimes/run.py --split validation --no-baselines --sweep \
 		--cells $(TUNED_CELLS) --seeds 0,1
 	$(PY) benchmarks/regimes/run.py --split test --no-baselines --tuned --cells $(TUNED_CELLS)
 	$(PY) benchmarks/regimes/report.py --split test \
-		--entries cobo,tuned,twenty-first-matrix,paper \
+		--entries cobo,tuned,x0-full,paper \
 		--intro benchmarks/regimes/intro.md --write FIDELITY.md --plot benchmarks/regimes/regimes.png \
 		--scaling-plot benchmarks/regimes/scaling.png
 

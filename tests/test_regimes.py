@@ -203,35 +203,59 @@ def test_a_row_counts_only_for_the_settings_it_ran():
 
 
 def test_rows_from_before_the_sample_count_keys_count_where_they_change_nothing():
-    """The defaults' recheck_samples (8) and sampling_samples (12) act only where the
-    sampler alone samples a pair fewer times in the cell's run: a row written before
-    either key counts there as the defaults' run only where they change nothing
-    (quad-2x2: 4 clients, 200 rounds), and runs again where they act (fmnist-800-r1000:
-    about 2 samples a pair; fmnist-400: about 8, so recheck_samples is inert there but
-    sampling_samples is not); 0 is a key off, the same as absent."""
+    """The defaults' sampling_samples (12) raises the sampler's rates and the re-checks'
+    only where the sampler alone samples a pair fewer times in the cell's run: a row
+    written before the key (the re-checks' target then recheck_samples: 8, or 0 before
+    that key) counts there as the defaults' run only where neither target changes
+    anything (quad-2x2: 4 clients, 200 rounds), and runs again where one acts
+    (fmnist-800-r1000: about 2 samples a pair; fmnist-400: about 8); 0 is a key off,
+    the same as absent."""
     cells = {c["id"]: c for c in regimes.load_cells()}
-    # the fade's growth off (the default grows it past 160 clients: the next test)
-    steady = {"fade_clients": 0}
+    steady = {"fade": 0.0}  # as the rows from before the key ran
     now = regimes.entry_settings("cobo", steady)
-    assert now["recheck_samples"] == 8.0 and now["sampling_samples"] == 12.0
-    later = set(regimes.AFTER_ROWS)
-    before = {k: v for k, v in now.items() if k not in later}
-    before_s = {k: v for k, v in now.items() if k not in ("sampling_samples", "sampling_scale_max")}
+    assert now["sampling_samples"] == 12.0 and "recheck_samples" not in now
+    before = {k: v for k, v in now.items() if k != "sampling_samples"}
+    before = {**before, "recheck_samples": 8.0}
     small, large, mid = cells["quad-2x2"], cells["fmnist-800-r1000"], cells["fmnist-400"]
-    for ran in (before, before_s):
-        assert regimes.same_settings(ran, now, small)
-        assert not regimes.same_settings(ran, now, large)
-        assert not regimes.same_settings(ran, now, mid)
-        assert not regimes.same_settings(ran, now)  # no cell: not provably the same
+    assert regimes.same_settings(before, now, small)
+    assert not regimes.same_settings(before, now, large)
+    assert not regimes.same_settings(before, now, mid)
+    assert not regimes.same_settings(before, now)  # no cell: not provably the same
     off = regimes.entry_settings("cobo", {**steady, "sampling_samples": 0.0})
-    assert regimes.same_settings(before_s, off, large) and regimes.same_settings(before_s, off)
-    assert regimes.same_settings(before, off, mid)  # recheck_samples: inert at S = 8.2
-    assert not regimes.same_settings(before, off, large)
-    both_off = {**steady, "sampling_samples": 0.0, "recheck_samples": 0.0}
-    both_off = regimes.entry_settings("cobo", both_off)
-    assert regimes.same_settings(before, both_off, large)
+    assert not regimes.same_settings(before, off, large)  # the row's re-checks: x 8 / 1.9
+    assert regimes.same_settings(before, off, mid)  # 8 is inert at S = 8.2
+    older = {**before, "recheck_samples": 0.0}
+    assert regimes.same_settings(older, off, large) and regimes.same_settings(older, off)
     changed = {**before, "gamma": 1.5}
     assert not regimes.same_settings(changed, now, small)  # another key differs too
+
+
+def test_rows_of_raycobo_0_4_count_where_its_removed_keys_change_nothing():
+    """raycobo 0.4 recorded recheck_samples (the re-checks' own target, 8), fade_decay
+    (none) and sampling_scale_max (4); 0.5 scales the re-checks by sampling_samples (12)
+    and fixes the other two. A 0.4 row of the defaults counts as 0.5's where the sampler
+    samples each pair at least 12 times (quad-2x2, fmnist-80-r1000), not where 8 or 12
+    acts (fmnist-400: S = 8.2, fmnist-80-r200: S = 3.2); a row at another fade schedule
+    or bound, or from before fade_decay (the fade decayed as gamma is), never."""
+    cells = {c["id"]: c for c in regimes.load_cells()}
+    now = regimes.entry_settings("cobo", {})
+    old = {**now, "recheck_samples": 8.0, "fade_decay": "none", "sampling_scale_max": 4.0}
+    for cell, same in [
+        ("quad-2x2", True),
+        ("fmnist-80-r1000", True),
+        ("fmnist-400", False),
+        ("fmnist-80-r200", False),
+    ]:
+        assert regimes.same_settings(old, now, cells[cell]) == same, cell
+    small = cells["quad-2x2"]
+    assert regimes.same_settings({**old, "recheck_samples": 12.0}, now)  # the same target
+    assert not regimes.same_settings({**old, "fade_decay": "gamma"}, now, small)
+    assert not regimes.same_settings({**old, "sampling_scale_max": 2.0}, now, small)
+    pre_schedule = {k: v for k, v in old.items() if k != "fade_decay"}
+    assert not regimes.same_settings(pre_schedule, now, small)
+    plain = regimes.entry_settings("cobo", {"recheck": 0.0})  # no re-checks: no target
+    fixed = {"fade_decay": "none", "sampling_scale_max": 4.0}
+    assert regimes.same_settings({**plain, **fixed, "recheck_samples": None}, plain)
 
 
 def test_rows_without_fade_clients_count_where_the_cell_has_no_more_clients():
@@ -400,6 +424,11 @@ def test_the_tuned_entry_is_the_best_sweep_point_on_validation():
     Args.methods = "fedamp,cobo"
     with pytest.raises(ValueError, match="--methods: no other method cobo"):
         regimes.choose_entries(Args(), {})
+    Args.methods, Args.candidates = "", "x0-full"  # raycobo 0.4's defaults: rows only
+    with pytest.raises(ValueError, match="x0-full is history.*cannot run it again"):
+        regimes.choose_entries(Args(), regimes.load_candidates())
+    assert not set(regimes.load_history()) & set(regimes.load_candidates())
+    Args.candidates = ""
     Args.methods, Args.no_cobo = "", False
     Args.sweep, Args.tuned = False, True
     with pytest.raises(ValueError, match="test split"):

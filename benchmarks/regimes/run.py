@@ -74,6 +74,12 @@ def load_candidates() -> dict[str, dict]:
     return _candidates_file("candidates")
 
 
+def load_history() -> dict[str, str]:
+    """Entries this raycobo cannot run as they ran, each with what it was: their rows
+    are shown as recorded."""
+    return _candidates_file("history")
+
+
 SWEEP = "sweep:"  # the prefix of a sweep point's entry name
 
 
@@ -230,8 +236,9 @@ def clients(cell: dict) -> int | None:
 
 # CoBo keys that act only where the sampler alone samples a pair fewer than K times in
 # the run (S < K), or (fade_clients) past that many clients: a row from before them
-# counts where they are inert on its cell
-AFTER_ROWS = ("recheck_samples", "sampling_samples", "sampling_scale_max", "fade_clients")
+# counts where they are inert on its cell (recheck_samples: the re-checks' target, a key
+# until raycobo 0.5.0 and sampling_samples since, ``in_todays_terms``)
+AFTER_ROWS = ("recheck_samples", "sampling_samples", "fade_clients")
 # CoBo keys whose value here is off, as before the key: a row without them counts
 OFF_AT = {
     "recheck_samples": 0,
@@ -240,32 +247,51 @@ OFF_AT = {
     "alignment_batches": 1,
     "sampling_start": 0,
     "fade": 0,
-    "fade_decay": "gamma",  # the fade's only schedule before the key
     "fade_clients": 0,
     "closure": 0,
     "start_all_pairs": False,
 }
+# keys raycobo 0.5.0 removed, at the value every run has had since: a row that recorded
+# that value ran as one of today's does (another value: it did not)
+FIXED_SINCE = {"fade_decay": "none", "sampling_scale_max": 4.0}
 
 
 # keys renamed since rows recorded them (algorithm.rule became preset in raycobo 0.3.0)
 RENAMED = {"rule": "preset"}
 
 
+def in_todays_terms(settings: dict) -> dict:
+    """Settings as a row recorded them, in the terms ``same_settings`` compares: the
+    re-checks' scale-up target as ``recheck_samples`` (a key until raycobo 0.5.0; since
+    then sampling_samples where there are re-checks), and a fade from before
+    ``fade_decay`` existed as the decayed one it was."""
+    out = dict(settings)
+    if "recheck_samples" not in out and "sampling_samples" in out:  # 0.5.0 on
+        out["recheck_samples"] = out["sampling_samples"] if out.get("recheck") else None
+    elif out.get("fade") and "fade_decay" not in out:  # before the fade's schedule key
+        out["fade_decay"] = "gamma"
+    return out
+
+
 def _set(settings: dict) -> dict:
     """The keys that act: not null, and not at ``OFF_AT``'s value (off, as before the
-    key), under their names of now."""
+    key) nor at ``FIXED_SINCE``'s (the only one since), under their names of now."""
     return {
         RENAMED.get(k, k): v
-        for k, v in settings.items()
-        if v is not None and not (k in OFF_AT and v == OFF_AT[k])
+        for k, v in in_todays_terms(settings).items()
+        if v is not None
+        and not (k in OFF_AT and v == OFF_AT[k])
+        and not (k in FIXED_SINCE and v == FIXED_SINCE[k])
     }
 
 
-def inert_on(now: dict, cell: dict, keys: set[str]) -> bool:
-    """Whether CoBo with settings ``now`` on ``cell`` runs as without ``keys`` (of
-    ``AFTER_ROWS``): the sampler alone samples each pair at least sampling_samples and
-    recheck_samples times in the cell's run, so neither scales a rate, and the cell has
-    at most fade_clients clients, so the fade does not grow."""
+def inert_on(now: dict, cell: dict, keys: set[str], had: dict | None = None) -> bool:
+    """Whether CoBo with settings ``now`` on ``cell`` runs as with ``keys`` (of
+    ``AFTER_ROWS``) at ``had``'s values (absent: off): at neither's value does a key act
+    there -- the sampler alone samples each pair at least sampling_samples and
+    recheck_samples times in the cell's run, so it scales neither its rates nor the
+    re-checks', and the cell has at most fade_clients clients, so the fade does not
+    grow."""
     from raycobo.algorithms.cobo import CoBo
     from raycobo.config import validate
 
@@ -273,28 +299,37 @@ def inert_on(now: dict, cell: dict, keys: set[str]) -> bool:
     if n is None:
         return False
     algo = CoBo(validate({"algorithm": now}).algorithm, cell["config"]["rounds"], 0)
-    if "sampling_samples" in keys and algo.sampler(n).scale != 1.0:
-        return False
-    if "fade_clients" in keys and n > algo.cfg.fade_clients:
-        return False
-    shortfall = algo.sampler(n).strategy().shortfall(float(algo.cfg.recheck_samples or 0.0))
-    return "recheck_samples" not in keys or shortfall == 1.0
+    strategy = algo.sampler(n).strategy()
+    for side in (_set(now), had or {}):
+        for key in keys:
+            value = float(side.get(key) or 0)
+            if key == "fade_clients":
+                if value and n > value:
+                    return False
+            elif strategy.shortfall(value) != 1.0:  # S < K: it scales a rate
+                return False
+    return True
 
 
 def same_settings(ran: dict | None, now: dict, cell: dict | None = None) -> bool:
     """Whether a row that ran ``ran`` counts as an entry's run with ``now``: the same
     values, a null key the same as an absent one (a key added since, null while off,
-    leaves the rows before it valid), and on ``cell`` a row from before ``AFTER_ROWS``'
-    keys where they change nothing there (every pair sampled at least that often: the
-    same rounds, draw for draw). A row written before rows recorded settings (``ran``
-    None) predates every key of ``OFF_AT``: it counts as ``now`` with those keys off."""
+    leaves the rows before it valid), and on ``cell`` a row whose ``AFTER_ROWS`` keys
+    differ (or came after it) where at neither value do they change anything there
+    (every pair sampled at least that often: the same rounds, draw for draw). A row
+    written before rows recorded settings (``ran`` None) predates every key of
+    ``OFF_AT``: it counts as ``now`` with those keys off."""
     have = _set(now)
     had = _set(ran) if ran is not None else {k: v for k, v in have.items() if k not in OFF_AT}
     if had == have:
         return True
-    added = {k for k in AFTER_ROWS if k in have and k not in had}
-    if added and cell is not None and had == {k: v for k, v in have.items() if k not in added}:
-        return inert_on(now, cell, added)
+    changed = {k for k in AFTER_ROWS if had.get(k) != have.get(k)}
+
+    def rest(keys: dict) -> dict:
+        return {k: v for k, v in keys.items() if k not in changed}
+
+    if changed and cell is not None and rest(had) == rest(have):
+        return inert_on(now, cell, changed, had)
     return False
 
 
@@ -482,7 +517,13 @@ def choose_entries(args, known: dict[str, dict]) -> dict[str, tuple[str, dict]]:
         if name not in METHODS or name in ("cobo", "local", "oracle"):
             raise ValueError(f"--methods: no other method {name} (known: {', '.join(METHODS)})")
         entries[name] = (name, {})
+    history = load_history()
     for name in filter(None, args.candidates.split(",")):
+        if name in history:
+            raise ValueError(
+                f"--candidates: {name} is history (candidates.yaml): {history[name]}; its "
+                "rows are what it ran, and this raycobo cannot run it again"
+            )
         if name not in known:
             raise ValueError(f"--candidates: no candidate {name} in candidates.yaml")
         entries[name] = ("cobo", known[name])

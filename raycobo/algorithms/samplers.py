@@ -24,7 +24,7 @@ instead: it at most doubles the run's pairs.
 
 Where a strategy samples a pair S < ``least_samples`` times over the run (in
 expectation: many clients, a short run), all its p_t are multiplied by least_samples / S,
-at most ``max_scale`` and at most 1 (CoBo's ``sampling_samples``, ``sampling_scale_max``);
+at most ``max_scale`` and at most 1 (CoBo's ``sampling_samples``, at most ``SCALE_MAX``);
 the mixed switch stays where the strategy's own rates put it.
 
 Each strategy is one function registered with ``@sampling_rule(name)`` (p_t from the
@@ -45,6 +45,9 @@ from dataclasses import dataclass
 import torch
 
 from raycobo import rng
+
+# the most CoBo's sampling_samples raises a strategy's rates: a round's pairs stay O(n)
+SCALE_MAX = 4.0
 
 
 def n_pairs(n: int) -> int:
@@ -122,13 +125,12 @@ class EdgeSampler:
     @classmethod
     def for_cobo(cls, cfg, n: int, rounds: int, seed: int) -> EdgeSampler:
         """The sampler of CoBo's settings (``sampling``, ``sampling_c``, ``time_c``,
-        ``mixed_switch``, ``sampling_samples``, ``sampling_scale_max``,
-        ``start_all_pairs``)."""
+        ``mixed_switch``, ``sampling_samples``, ``start_all_pairs``)."""
         least = float(getattr(cfg, "sampling_samples", 0.0) or 0.0)
-        most = float(getattr(cfg, "sampling_scale_max", None) or math.inf)
         return cls(
             cfg.sampling, n, rounds, seed, cfg.sampling_c, cfg.time_c,
-            float(cfg.mixed_switch), least, most, bool(getattr(cfg, "start_all_pairs", False)),
+            float(cfg.mixed_switch), least, SCALE_MAX,
+            bool(getattr(cfg, "start_all_pairs", False)),
         )  # fmt: skip
 
     def constant_rate(self) -> float:

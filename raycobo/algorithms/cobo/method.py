@@ -49,11 +49,10 @@ class CoBo(InRows, Membership):
         self.batches = int(c.alignment_batches)
         self.pull = Pull(c.pull, c.lr, c.rho, c.domain, cut, c.pull_at, c.pull_strength)
         fade = float(c.fade or 0.0) if box else 0.0
-        self.schedule = Schedule(
-            c.gamma, c.gamma_decay, cut, fade, c.fade_decay, int(c.fade_clients or 0)
-        )
+        self.schedule = Schedule(c.gamma, c.gamma_decay, cut, fade, int(c.fade_clients or 0))
+        # the re-checks scale up where the sampler's rates do (sampling_samples)
         rechecks = Rechecks(
-            float(c.recheck or 0.0) if box else 0.0, float(c.recheck_samples or 0.0)
+            float(c.recheck or 0.0) if box else 0.0, float(c.sampling_samples or 0.0)
         )
         closes = box and cut > 0 and c.sampling != "full"
         closure = Closure(float(c.closure or 0.0) if closes else 0.0, cut, seed)

@@ -50,14 +50,11 @@ register_preset(
     pull_threshold=0.0,
     initial_weight=1.0,
     recheck=0.0,
-    recheck_samples=0.0,
     sampling="mixed",
     mixed_switch=0.5,
     start_all_pairs=False,
     sampling_samples=0.0,
-    sampling_scale_max=4.0,
     fade=0.0,
-    fade_decay="none",
     fade_clients=0,
     closure=0.0,
     momentum=0.0,
@@ -92,7 +89,6 @@ register_preset(
     pull_threshold=0.5,
     initial_weight=0.0,
     recheck=0.02,
-    recheck_samples=8.0,
     start_all_pairs=True,
     sampling_samples=12.0,
     fade=1.0,
@@ -140,12 +136,9 @@ WHEN: dict[str, tuple[Needs, ...]] = {
     "initial_weight": (BOX,),
     "pull_strength": (Needs("pull", "mean"), Needs("rho", "auto"), BOX),
     "recheck": (BOX,),
-    "recheck_samples": (BOX, Needs("recheck")),
     "start_all_pairs": (EVERY_PAIR,),
     "sampling_samples": (EVERY_PAIR,),
-    "sampling_scale_max": (Needs("sampling_samples"),),
     "fade": (BOX, Needs("pull_threshold", only_on=True)),
-    "fade_decay": (BOX, Needs("fade")),
     "fade_clients": (BOX, Needs("fade", only_on=True)),
     "closure": (BOX, Needs("pull_threshold", only_on=True), EVERY_PAIR),
 }
@@ -179,6 +172,11 @@ class CoBoConfig(MethodConfig):
                 "sampling_start",
             )
         },
+        "recheck_samples": "removed in raycobo 0.5.0: the re-checks scale up where the "
+        "sampler's rates do, by algorithm.sampling_samples (0: recheck's own rate)",
+        "fade_decay": "removed in raycobo 0.5.0: the fade is never decayed (no preset decayed it)",
+        "sampling_scale_max": "removed in raycobo 0.5.0: sampling_samples raises the "
+        "sampler's rates at most 4 times (no preset set another bound)",
     }
 
     name: Literal["cobo"] = "cobo"
@@ -256,17 +254,10 @@ class CoBoConfig(MethodConfig):
         "box domain: each pair the pull reads (w_ij >= pull_threshold; > 0 without one) "
         "is sampled with at least this probability each round (drawn again where the "
         "sampling strategy's own p_t is lower), so that a pair that one early sample made "
-        "a collaborator is measured again",
+        "a collaborator is measured again; where the sampling strategy alone samples a "
+        "pair S < sampling_samples times over the run, raised by sampling_samples / S (at "
+        "most 1)",
         "recheck",
-    )
-    recheck_samples: float | None = _key(
-        "box domain, with recheck: where the sampling strategy alone samples a pair fewer "
-        "than this many times over the run (S, in expectation, its own rates before "
-        "sampling_samples), the pulled pairs' re-check rates are multiplied by this / S "
-        "(at most 1), so that where the sampler sees each pair rarely a pair wrongly "
-        "pulled after one early sample is measured again sooner (0: recheck's rate)",
-        "recheck_samples",
-        ge=0,
     )
     fade: float | None = _key(
         "box domain, with pull_threshold: each round every weight below the threshold "
@@ -276,12 +267,6 @@ class CoBoConfig(MethodConfig):
         "a pair whose scores stay above that still climbs (0: kept as learned)",
         "fade",
         ge=0,
-    )
-    fade_decay: Literal["gamma", "none"] | None = _key(
-        "with fade: its loss the same at each expected sample (none) or decayed as gamma "
-        "is (gamma: the drift below the threshold weighs the same against a pair's steps "
-        "all run long, and leaves more of W outside the clusters)",
-        "fade_decay",
     )
     fade_clients: int | None = _key(
         "with fade: past this many present clients n the fade grows as n / fade_clients "
@@ -318,15 +303,10 @@ class CoBoConfig(MethodConfig):
     sampling_samples: float | None = _key(
         "where the sampling strategy samples a pair fewer than this many times over the "
         "run (S, in expectation: many clients, a short run), its p_t are all multiplied "
-        "by this / S, at most sampling_scale_max (0: the strategy's rates)",
+        "by this / S, at most 4 (a round's pairs stay O(n)), and recheck's rate by this "
+        "/ S (0: the strategy's and recheck's own rates)",
         "sampling_samples",
         ge=0,
-    )
-    sampling_scale_max: float | None = _key(
-        "with sampling_samples: the most its factor raises the strategy's rates, so that "
-        "a round's pairs stay O(n)",
-        "sampling_scale_max",
-        ge=1,
     )
     momentum: float | None = _key(
         "beta of the model step's gradient average m <- beta m + (1-beta) g",

@@ -146,7 +146,6 @@ class Schedule:
     decay: str  # "none", "sqrt" or "linear"
     cut: float  # the pull's threshold (0: none)
     fade: float = 0.0  # fade (0: off)
-    fade_decay: str = "none"  # "none", or "gamma": the fade decayed as the W step is
     fade_clients: int = 0  # past this many present clients the fade grows as n / it
 
     def gamma_at(self, sampler: EdgeSampler, t: int, floor: float = 0.0) -> float:
@@ -183,15 +182,13 @@ class Schedule:
 
     def fade_at(self, sampler: EdgeSampler, t: int) -> float:
         """What each weight below the pull's threshold loses in round t: fade * threshold
-        * p_t, the same all run long (``fade_decay: none``: a pair below the threshold
-        climbs where its mean score exceeds fade * threshold / gamma_t, more as gamma_t
-        shrinks, so what early samples left there returns to 0 within the run) or
-        decayed as the W step is (``gamma``); past ``fade_clients`` present clients grown
-        as n / fade_clients (a row's pairs across the clusters grow as n)."""
+        * p_t, the same all run long (a pair below the threshold climbs where its mean
+        score exceeds fade * threshold / gamma_t, more as gamma_t shrinks, so what early
+        samples left there returns to 0 within the run); past ``fade_clients`` present
+        clients grown as n / fade_clients (a row's pairs across the clusters grow as n)."""
         fade = self.fade
         if not fade or self.cut <= 0:
             return 0.0
         if self.fade_clients and sampler.n > self.fade_clients:
             fade *= sampler.n / self.fade_clients
-        decay = 1.0 if self.fade_decay == "none" else self.gamma_at(sampler, t) / self.gamma
-        return fade * self.cut * sampler.probability(t) * decay
+        return fade * self.cut * sampler.probability(t)

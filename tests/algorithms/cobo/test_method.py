@@ -227,13 +227,13 @@ def test_a_rho_sweep_on_example2_picks_collaboration(quad_cfg):
     assert min(losses.values()) < losses[0.0]
 
 
-@pytest.mark.parametrize("fade", [None, "gamma", "off"])
+@pytest.mark.parametrize("fade", [None, "off"])
 def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path, fade):
     """Client 5 joins after 40 rounds (it starts outside), client 0 leaves after 20: the
     newcomer's W row ends up on its own cluster (above the pull's threshold there, near
     0 elsewhere) and its model near that cluster's optimum; the leaver's model stops
     moving and its W entries read 0. So with the defaults' fade (the same loss all run
-    long), with a fade decayed as gamma is, and without one: the newcomer's pairs step on
+    long) and without one: the newcomer's pairs step on
     their own clock (``PairClock``), with the gamma of a run's first rounds, not the
     round's (which after 40 rounds of full sampling is gamma / sqrt(41): against the
     defaults' fade a cosine below fade * threshold * sqrt(41) / gamma = 0.53 would never
@@ -247,7 +247,7 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path, fade):
         "eval_every=40",
         "algorithm.sampling=full",
         "schedule=[{round: 40, join: [5]}, {round: 20, leave: [0]}]",
-        *{None: [], "gamma": ["algorithm.fade_decay=gamma"], "off": ["algorithm.fade=0"]}[fade],
+        *{None: [], "off": ["algorithm.fade=0"]}[fade],
     )
     data, ops, algo = build(cfg)
     state = algo.init(ops)

@@ -43,8 +43,7 @@ def test_recheck_resamples_the_pulled_pairs_dense_and_sparse():
     assert torch.equal(pulled_pairs(dense, 0.5, active), want[[0, 2, 3]])
 
     def sampled(recheck, W, t=3):  # the rates as set (S < 8 here)
-        off = {"recheck_samples": 0.0} if recheck else {}
-        keys = {"sampling_c": 1.0, "sampling_samples": 0.0, **off}
+        keys = {"sampling_c": 1.0, "sampling_samples": 0.0}
         algo = CoBo(CoBoConfig(recheck=recheck, **keys), rounds=50, seed=0)
         return algo.sample_edges(None, t, n, W=W)[0]
 
@@ -106,7 +105,7 @@ def test_closure_proposes_a_collaborators_collaborator_dense_and_sparse():
     for t in range(50):
         # (1, 3) has client 1 too, and 2 and 3 reach only each other: nothing is proposed
         assert sampled(dense, t, gone, closure=1.0) == sampled(None, t, gone)
-    algo = CoBo(CoBoConfig(closure=0.2, **{**keys, "recheck_samples": None}), 10, 0)
+    algo = CoBo(CoBoConfig(closure=0.2, **keys), 10, 0)
     algo_off = CoBo(CoBoConfig(closure=0.0, **keys), 10, 0)
     assert algo.samples_from_w(0, n) and not algo_off.samples_from_w(0, n)
     for bad, name in (
@@ -125,58 +124,52 @@ def test_closure_proposes_a_collaborators_collaborator_dense_and_sparse():
     assert CoBo(CoBoConfig(), 10, 0).proposals.closure.rate == pytest.approx(0.1)
 
 
-def test_recheck_samples_raises_the_rate_where_the_sampler_sees_each_pair_rarely():
-    """recheck_samples K (rule raycobo: 8): where the sampler alone samples a pair S < K
-    times over the run (in expectation), the pulled pairs' rate is recheck * K / S (at
-    most 1), and their W step's k_t counts that rate; where S >= K nothing changes (the
-    same rounds, the same draws); 0: off; the box domain's key, only with recheck > 0,
-    not pinned where there are no re-checks."""
-    from raycobo.config import ConfigError, load_config
+def test_recheck_scales_up_with_sampling_samples_where_the_sampler_sees_each_pair_rarely():
+    """sampling_samples K (rule raycobo: 12) raises the re-checks too: where the sampler
+    alone samples a pair S < K times over the run (in expectation), the pulled pairs'
+    rate is recheck * K / S (at most 1), and their W step's k_t counts that rate; where
+    S >= K nothing changes (the same rounds, the same draws); with K = 0 the rate is
+    recheck's own."""
 
-    def made(n, rounds, **kw):  # the strategy's own rates (no sampling_samples, round 0's)
-        own = {"sampling_samples": 0.0, "start_all_pairs": False, **kw}
-        return CoBo(CoBoConfig(**own), rounds=rounds, seed=0)
+    def made(n, rounds, **kw):  # round 0 at the strategy's rate
+        return CoBo(CoBoConfig(start_all_pairs=False, **kw), rounds=rounds, seed=0)
 
     n, R = 800, 1000  # mixed: p = 2/800 in the first half, far less after the switch
-    S = made(n, R).sampler(n).expected_samples(R)
+    plain = made(n, R, sampling_samples=0.0)  # the strategy's and recheck's own rates
+    S = plain.sampler(n).expected_samples(R)
     assert 1.5 < S < 2.5
-    algo = made(n, R)  # rule raycobo: K = 8
-    assert algo.cfg.recheck_samples == 8
-    rate = 0.02 * 8 / S
-    p = algo.sampler(n).probability(10)
+    algo = made(n, R)  # rule raycobo: K = 12
+    assert algo.cfg.sampling_samples == 12
+    rate = 0.02 * 12 / S
+    assert recheck_floor(algo, n) == pytest.approx(rate)
+    p = algo.sampler(n).probability(10)  # the sampler's own rate, scaled up (at most 4x)
+    assert p == pytest.approx(4 * plain.sampler(n).probability(10))
     assert recheck_rate(algo, 10, n) == pytest.approx((rate - p) / (1 - p))
-    off = made(n, R, recheck_samples=0.0, sampling_samples=0.0)  # the rate as set
-    assert recheck_rate(off, 10, n) == pytest.approx((0.02 - p) / (1 - p))
+    p_own = plain.sampler(n).probability(10)
+    assert recheck_rate(plain, 10, n) == pytest.approx((0.02 - p_own) / (1 - p_own))
     t = 300
     k = algo.sampler(n).expected_samples(t, rate)
     assert k == pytest.approx(t * rate)  # the rate is above p_tau throughout
     assert algo.w_step(t, n).pulled == pytest.approx(3.0 / (1 + k) ** 0.5)
-    assert recheck_floor(made(4, 100, recheck_samples=1e6), 4) == 1.0  # at most 1
+    assert recheck_floor(made(4, 100, sampling_samples=1e6), 4) == 1.0  # at most 1
     # S is summed only until it reaches K: a run of ten million rounds starts at once
-    assert made(4, 10_000_000).sampler(4).samples_below(8) is None
+    assert made(4, 10_000_000).sampler(4).samples_below(12) is None
     assert recheck_floor(made(4, 10_000_000), 4) == pytest.approx(0.02)  # S >= K: as set
     # many samples a pair (80 clients, 3,000 rounds): the defaults' numbers
-    rich, plain = made(80, 3000), made(80, 3000, recheck_samples=0.0, sampling_samples=0.0)
-    assert rich.sampler(80).expected_samples(3000) > 8
+    rich, own = made(80, 3000), made(80, 3000, sampling_samples=0.0)
+    assert rich.sampler(80).strategy().samples_below(12) is None
     for t in (0, 100, 2999):
-        assert recheck_rate(rich, t, 80) == recheck_rate(plain, t, 80)
-        assert rich.w_step(t, 80) == plain.w_step(t, 80)
-    with pytest.raises(ConfigError, match="algorithm.recheck_samples.*recheck > 0"):
-        load_config(None, ["algorithm.recheck=0", "algorithm.recheck_samples=8"])
-    with pytest.raises(ConfigError, match="algorithm.recheck_samples.*domain"):
-        load_config(None, ["algorithm.domain=simplex", "algorithm.recheck_samples=8"])
-    with pytest.raises(ConfigError, match="algorithm.recheck_samples"):
-        load_config(None, ["algorithm.recheck_samples=-1"])
-    assert CoBoConfig(preset="paper").pinned().recheck_samples is None  # no re-checks there
-    assert CoBoConfig(recheck=0.0).pinned().recheck_samples is None
+        assert recheck_rate(rich, t, 80) == recheck_rate(own, t, 80)
+        assert rich.w_step(t, 80) == own.w_step(t, 80)
+    assert CoBoConfig(preset="paper").pinned().recheck == 0.0  # no re-checks there
 
 
 def test_sampling_samples_samples_each_pair_k_times_in_a_short_run():
     """sampling_samples K (rule raycobo: 12, at most 4 times the rates): where the
     strategy alone samples a pair S < K times over the run, all its p_t are scaled by
-    K / S (at most sampling_scale_max), and the W step's k_t counts the scaled rates;
-    where S >= K, the same rounds draw for draw; recheck_samples reads the S of the
-    strategy alone. Off in the paper preset; refused where it would do nothing."""
+    K / S (at most 4), and the W step's k_t counts the scaled rates; where S >= K, the
+    same rounds draw for draw; the re-checks' scale-up reads the S of the strategy alone.
+    Off in the paper preset; refused where it would do nothing."""
     from raycobo.config import ConfigError, load_config
 
     own = CoBoConfig(start_all_pairs=False)  # round 0 at the strategy's rate
@@ -188,7 +181,7 @@ def test_sampling_samples_samples_each_pair_k_times_in_a_short_run():
     assert algo.sampler(80).probability(5) == pytest.approx(
         plain.sampler(80).probability(5) * 12 / S
     )
-    assert recheck_floor(algo, 80) == pytest.approx(0.02 * 8 / S)  # the strategy's S
+    assert recheck_floor(algo, 80) == pytest.approx(0.02 * 12 / S)  # the strategy's S
     k = algo.sampler(80).expected_samples(50)  # the scaled rates, above recheck's 0.02
     assert k == pytest.approx(plain.sampler(80).expected_samples(50) * 12 / S)
     assert algo.w_step(50, 80).gamma == pytest.approx(3.0 / (1 + k) ** 0.5)
@@ -196,7 +189,7 @@ def test_sampling_samples_samples_each_pair_k_times_in_a_short_run():
     assert many.sampler(800).scale == 4.0
     S800 = CoBo(rates, 1000, 0).sampler(800).expected_samples(1000)
     assert many.sampler(800).expected_samples(1000) == pytest.approx(4 * S800)
-    assert recheck_floor(many, 800) == pytest.approx(0.02 * 8 / S800)
+    assert recheck_floor(many, 800) == pytest.approx(0.02 * 12 / S800)
     rich, base = CoBo(own, 3000, 0), CoBo(rates, 3000, 0)
     assert rich.sampler(80).scale == 1.0  # S = 38
     for t in (0, 100, 2999):
@@ -206,14 +199,12 @@ def test_sampling_samples_samples_each_pair_k_times_in_a_short_run():
     paper_k = CoBo(CoBoConfig(preset="paper", sampling_samples=12.0), 200, 0)
     assert paper_k.sampler(80).scale == pytest.approx(12.0 / S)  # set, it acts there too
     pinned = CoBoConfig().pinned().model_dump(mode="json")
-    assert pinned["sampling_samples"] == 12.0 and pinned["sampling_scale_max"] == 4.0
-    assert CoBoConfig(sampling_samples=0.0).pinned().sampling_scale_max is None
+    assert pinned["sampling_samples"] == 12.0
     with pytest.raises(ConfigError, match="algorithm.sampling_samples.*full"):
         load_config(None, ["algorithm.sampling=full", "algorithm.sampling_samples=8"])
-    with pytest.raises(ConfigError, match="algorithm.sampling_scale_max.*sampling_samples > 0"):
-        load_config(None, ["algorithm.sampling_samples=0", "algorithm.sampling_scale_max=2"])
-    with pytest.raises(ConfigError, match="algorithm.sampling_scale_max"):
-        load_config(None, ["algorithm.sampling_scale_max=0.5"])
+    for gone in ("sampling_scale_max", "recheck_samples"):  # removed in raycobo 0.5.0
+        with pytest.raises(ConfigError, match=f"algorithm.{gone}.*removed in raycobo 0.5.0"):
+            load_config(None, [f"algorithm.{gone}=2"])
 
 
 def test_recheck_takes_back_a_pair_that_one_early_sample_made_a_collaborator(quad_cfg):

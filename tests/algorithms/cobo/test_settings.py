@@ -175,7 +175,7 @@ def test_recheck_is_a_box_domain_key():
     refused the key."""
     # the re-checks' own rates (no closure, which reads W whatever the rates; round 0
     # as the strategy samples it)
-    own = CoBoConfig(recheck_samples=0.0, sampling_samples=0.0, closure=0.0, start_all_pairs=False)
+    own = CoBoConfig(sampling_samples=0.0, closure=0.0, start_all_pairs=False)
     # mixed sampling over 10 rounds: p = 2/200 = 0.01 < 0.02 among 200 clients (W is read)
     assert CoBo(own, 10, 0).samples_from_w(0, 200)
     assert not CoBo(own, 10, 0).samples_from_w(0, 50)  # p = 0.04: W not read
@@ -186,4 +186,4 @@ def test_recheck_is_a_box_domain_key():
     with pytest.raises(ConfigError, match="algorithm.recheck.*domain"):
         load_config(None, ["algorithm.domain=simplex", "algorithm.recheck=0.1"])
     pinned = CoBoConfig().pinned().model_dump(mode="json")
-    assert pinned["recheck"] == 0.02 and pinned["recheck_samples"] == 8.0
+    assert pinned["recheck"] == 0.02 and "recheck_samples" not in pinned

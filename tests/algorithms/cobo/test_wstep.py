@@ -59,7 +59,7 @@ def test_weight_rows_update_like_the_whole_matrix(domain):
         assert torch.all(W.diagonal() == 0)
 
 
-def test_a_pulled_pair_steps_as_often_as_recheck_samples_it():
+def test_a_pulled_pair_steps_as_often_as_recheck_samples_it_dense_and_sparse():
     """Where recheck samples the pairs the pull reads more often than the sampler, their
     gamma decays by those samples: gamma / sqrt(1 + sum_tau<t max(p_tau, recheck)); other
     pairs keep gamma_at. Dense and sparse W take the same step; without recheck (or
@@ -68,7 +68,7 @@ def test_a_pulled_pair_steps_as_often_as_recheck_samples_it():
     from raycobo.algorithms.cobo import update_weight_rows
 
     n, t = 200, 60  # mixed sampling: p = 2/200 = 0.01 < recheck 0.02 from round 0
-    own = CoBoConfig(recheck_samples=0.0, sampling_samples=0.0, start_all_pairs=False)
+    own = CoBoConfig(sampling_samples=0.0, start_all_pairs=False)
     algo = CoBo(own, rounds=100, seed=0)
     step = algo.w_step(t, n)
     assert step.gamma == pytest.approx(3.0 / math.sqrt(1 + 0.01 * t))
@@ -132,10 +132,6 @@ def test_fade_returns_the_weights_below_the_threshold_to_zero():
     algo = CoBo(CoBoConfig(fade=0.5, gamma_decay="none", **plain), rounds, seed=0)
     p = algo.sampler(n).probability(0)
     assert algo.fade_at(7, n) == pytest.approx(0.5 * 0.5 * p)
-    decayed = CoBoConfig(fade=0.5, fade_decay="gamma", **plain)
-    decayed = CoBo(decayed, rounds, 0)  # gamma / sqrt(1 + k)
-    k = decayed.sampler(n).expected_samples(7)
-    assert decayed.fade_at(7, n) == pytest.approx(0.5 * 0.5 * p / (1 + k) ** 0.5)
     # the default: 1, not decayed (grown only past 160 clients); off under rule paper
     assert CoBo(CoBoConfig(sampling="constant"), rounds, 0).fade_at(7, n) == pytest.approx(
         1.0 * 0.5 * p
@@ -158,13 +154,11 @@ def test_fade_returns_the_weights_below_the_threshold_to_zero():
         load_config(None, ["algorithm.domain=simplex", "algorithm.fade=0.5"])
     with pytest.raises(ConfigError, match="algorithm.fade.*pull_threshold"):
         load_config(None, ["algorithm.pull_threshold=0", "algorithm.fade=0.5"])
-    with pytest.raises(ConfigError, match="algorithm.fade_decay.*algorithm.fade"):
-        load_config(None, ["algorithm.fade=0", "algorithm.fade_decay=none"])  # nothing to decay
-    flat = CoBoConfig(fade=0.5, fade_decay="none", sampling="constant")
-    assert CoBo(flat, rounds, 0).fade_at(7, n) == pytest.approx(0.5 * 0.5 * p)
+    with pytest.raises(ConfigError, match="algorithm.fade_decay.*removed in raycobo 0.5.0"):
+        load_config(None, ["algorithm.fade_decay=none"])
     assert load_config(None, ["algorithm.preset=paper"]).algorithm.pinned().fade is None
     pinned = CoBoConfig().pinned().model_dump(mode="json")
-    assert (pinned["fade"], pinned["fade_decay"]) == (1.0, "none")  # written out where it acts
+    assert pinned["fade"] == 1.0  # written out where it acts
 
 
 def test_fade_clients_grows_the_fade_with_the_clients_present():
