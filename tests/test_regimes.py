@@ -510,6 +510,13 @@ def test_the_score_separation_is_measured_on_one_minibatch_and_on_a_mean():
     first = rows[0]
     assert first["mean_of_8"]["d"] > first["one_batch"]["d"]
     assert first["mean_of_8"]["inside_sd"] < first["one_batch"]["inside_sd"]
+    # centred on the mean over the ends, the scores across the two clusters fall below 0
+    # (two clusters: a correlation of -1 less the noise), and none reaches the threshold
+    centred = first["centred_mean_of_8"]
+    assert centred["across"] < min(0.0, first["mean_of_8"]["across"])
+    assert centred["across_reach"] == 0.0 and 0.0 <= centred["inside_reach"] <= 1.0
+    with_reach = scores.separation(torch.tensor([0.5, 0.1, -0.1, 0.2]), inside, 0.15)
+    assert with_reach["inside_reach"] == 0.5 and with_reach["across_reach"] == 0.5
     # the other signals: nothing to read at round 0 (no update, every end at its own
     # point's loss); by round 3 the midpoint costs a cluster's pairs less than the others
     assert first["updates_cosine"]["inside"] == 0.0 and first["midpoint_gain"]["d"] is None

@@ -1,8 +1,11 @@
 """How well one alignment score separates a cell's clusters: at chosen rounds of a run
 with CoBo's defaults, every pair (at most ``--pairs``) scored at its midpoint as Eq. (1)
 scores it -- each end's gradient on one minibatch -- and with each end's gradient the
-mean of ``--batches`` minibatches, with the mean and spread of the scores inside the
-clusters and across them, and d' = (mean inside - mean across) / their pooled spread.
+mean of ``--batches`` minibatches, and that mean centred (each end's gradient less the
+mean over all the measured ends: the component every client's gradient shares taken
+out), with the mean and spread of the scores inside the clusters and across them, d' =
+(mean inside - mean across) / their pooled spread, and the share of each whose first W
+step (gamma x score) would reach the pull's threshold.
 
 Usage: python benchmarks/regimes/scores.py --cell mnist1d-16 [--split validation]
        [--seed 1] [--at 0,8,25,100,300] [--batches 16] [--pairs 4000]
@@ -29,17 +32,33 @@ diagnose = SimpleNamespace(**runpy.run_path(str(HERE / "diagnose.py")))
 SALT_BASE = 1 << 28
 
 
-def separation(scores, inside) -> dict:
-    """Mean and spread of the scores inside and across the clusters, and d'."""
+def separation(scores, inside, first_step: float | None = None) -> dict:
+    """Mean and spread of the scores inside and across the clusters, and d'; with
+    ``first_step`` (the score a pair's first W step needs to reach the pull's threshold)
+    the share of each that reaches it."""
     w, c = scores[inside], scores[~inside]
     pooled = float(((w.var() + c.var()) / 2).sqrt())
+    reach = {}
+    if first_step is not None:
+        reach = {
+            "inside_reach": round(float((w >= first_step).float().mean()), 2),
+            "across_reach": round(float((c >= first_step).float().mean()), 2),
+        }
     return {
+        **reach,
         "inside": round(float(w.mean()), 3),
         "inside_sd": round(float(w.std()), 3),
         "across": round(float(c.mean()), 3),
         "across_sd": round(float(c.std()), 3),
         "d": round(float(w.mean() - c.mean()) / pooled, 2) if pooled > 0 else None,
     }
+
+
+def first_step(cobo) -> float | None:
+    """The score whose first W step (gamma) reaches the pull's threshold (None without
+    one)."""
+    cut = cobo.pull.threshold
+    return cut / float(cobo.cfg.gamma) if cut else None
 
 
 def other_signals(X, X0, i, j) -> dict:
@@ -137,11 +156,15 @@ def measure(
                 del g
             G.div_(batches)
             mean = alignment_scores(G[:E], G[E:], self.cfg.alignment, floor)
+            G.sub_(G.mean(dim=0))
+            centred = alignment_scores(G[:E], G[E:], self.cfg.alignment, floor)
             inside = clusters[i] == clusters[j]
+            first = first_step(self)
             row = {
                 "round": t,
-                "one_batch": separation(one, inside),
-                f"mean_of_{batches}": separation(mean, inside),
+                "one_batch": separation(one, inside, first),
+                f"mean_of_{batches}": separation(mean, inside, first),
+                f"centred_mean_of_{batches}": separation(centred, inside, first),
             }
             if signals:
                 if "X" not in start:  # cloned once, not at every measured round
