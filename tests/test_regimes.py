@@ -515,6 +515,13 @@ def test_the_score_separation_is_measured_on_one_minibatch_and_on_a_mean():
     centred = first["centred_mean_of_8"]
     assert centred["across"] < min(0.0, first["mean_of_8"]["across"])
     assert centred["across_reach"] == 0.0 and 0.0 <= centred["inside_reach"] <= 1.0
+    # the reach is read at each round's step: gamma / sqrt(1 + k_t) raises the score needed
+    from raycobo.algorithms import build_algorithm
+    from raycobo.config import validate
+
+    algo = build_algorithm(validate({"algorithm": {"name": "cobo"}}).algorithm, 200, 0)
+    assert scores.first_step(algo, 0, 4) == pytest.approx(0.5 / 3.0)
+    assert scores.first_step(algo, 100, 4) > scores.first_step(algo, 0, 4)
     with_reach = scores.separation(torch.tensor([0.5, 0.1, -0.1, 0.2]), inside, 0.15)
     assert with_reach["inside_reach"] == 0.5 and with_reach["across_reach"] == 0.5
     # the other signals: nothing to read at round 0 (no update, every end at its own

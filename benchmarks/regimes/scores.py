@@ -4,8 +4,8 @@ scores it -- each end's gradient on one minibatch -- and with each end's gradien
 mean of ``--batches`` minibatches, and that mean centred (each end's gradient less the
 mean over all the measured ends: the component every client's gradient shares taken
 out), with the mean and spread of the scores inside the clusters and across them, d' =
-(mean inside - mean across) / their pooled spread, and the share of each whose first W
-step (gamma x score) would reach the pull's threshold.
+(mean inside - mean across) / their pooled spread, and the share of each whose W step
+that round (gamma_t x score) would take a weight from 0 to the pull's threshold.
 
 Usage: python benchmarks/regimes/scores.py --cell mnist1d-16 [--split validation]
        [--seed 1] [--at 0,8,25,100,300] [--batches 16] [--pairs 4000]
@@ -54,11 +54,12 @@ def separation(scores, inside, first_step: float | None = None) -> dict:
     }
 
 
-def first_step(cobo) -> float | None:
-    """The score whose first W step (gamma) reaches the pull's threshold (None without
+def first_step(cobo, t: int, n: int) -> float | None:
+    """The score whose W step in round t among n clients (gamma_t, the step of a pair the
+    pull does not read yet) takes a weight from 0 to the pull's threshold (None without
     one)."""
     cut = cobo.pull.threshold
-    return cut / float(cobo.cfg.gamma) if cut else None
+    return cut / cobo.w_step(t, n).gamma if cut else None
 
 
 def other_signals(X, X0, i, j) -> dict:
@@ -159,7 +160,7 @@ def measure(
             G.sub_(G.mean(dim=0))
             centred = alignment_scores(G[:E], G[E:], self.cfg.alignment, floor)
             inside = clusters[i] == clusters[j]
-            first = first_step(self)
+            first = first_step(self, t, n)
             row = {
                 "round": t,
                 "one_batch": separation(one, inside, first),
