@@ -68,7 +68,8 @@ class ClientOps(Protocol):
         """Stochastic gradients of f_{clients[k]} at Z[k] on a fresh minibatch of that
         client's own data. ``stream`` (what the draw is for) and ``salt`` are an int or one
         per row, so requests of several kinds can share one call. Returns (G (m, d),
-        losses (m,)). Z may be ``SharedPoints`` where the ops sets ``shares_points``."""
+        losses (m,)). Z may be ``SharedPoints`` where the ops sets ``shares_points``: G
+        then has its ``gradient_rows`` rows."""
         ...
 
     def losses(

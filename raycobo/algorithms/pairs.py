@@ -4,12 +4,15 @@ minibatch of its own client's data, or the mean over ``batches`` of them.
 
 A method asks for it (``PairScores``); ``answer`` computes it over any ``ClientOps``
 from ``grads``: one request of all the rows, or, for an ops that takes ``SharedPoints``,
-each point once for its 2k rows, ``ops.shared_part_rows`` rows at a time. An ops that
+each point once for its 2k rows and one gradient per pair end (the mean of its k
+minibatches, which that ops may compute as one gradient of their samples together),
+``ops.shared_part_rows`` rows at a time. An ops that
 holds at most ``ops.request_rows`` gradient rows at once (the local engine: its memory
 budget) gets a larger request in parts of the pairs, each part reduced to its scores
-before the next. Every layout gives each row the same gradient and each pair the same
-score (tested). A score is a function (G_i, G_j, floor) -> (E,) registered by name
-(``register_score``); ``floor`` is the least denominator a bounded score divides by.
+before the next. Every layout asks each row for the same minibatch and gives each pair
+the same score, the shared points' to float rounding (tested). A score is a function
+(G_i, G_j, floor) -> (E,) registered by name (``register_score``); ``floor`` is the
+least denominator a bounded score divides by.
 
 The draws: end i of pair (i, j) is client i's stream ALIGN salted by j (and end j by
 i), minibatch b > 0 by that salt + b * ALIGN_SALT_STRIDE, a salt no client id reaches.
@@ -103,18 +106,32 @@ class PairScores:
 class SharedPoints:
     """The points of a gradient request whose rows share them: ``segments`` is a tuple of
     (values (U, d), R), each point of a segment asked R times in a row (point-major:
-    rows u R .. u R + R - 1 are at values[u]), the segments one after another. A client
-    ops that sets ``shares_points`` takes it as ``grads``' Z and may compute each point's
-    R rows together (the local engine's MLP: one GEMM of R minibatches on one copy of the
-    point, where ``materialize`` would write R copies); its answer is the same, row for
-    row, as for ``materialize()``; pair scores are asked of it in parts of its
+    rows u R .. u R + R - 1 are at values[u]), the segments one after another. Each run
+    of ``means`` rows (R a multiple of it) asks for one gradient, the mean of its rows'
+    minibatch gradients: the answer has ``gradient_rows`` gradients and ``rows`` losses.
+    A client ops that sets ``shares_points`` takes it as ``grads``' Z and may compute a
+    point's R rows together (the local engine's MLP: one GEMM of R minibatches on one
+    copy of the point, where ``materialize`` would write R copies, and each run of
+    ``means`` rows as one gradient of their samples); its answer is that of
+    ``materialize()``'s rows averaged in runs (``mean_of_runs``), to float rounding (the
+    same bits for means = 1); pair scores are asked of it in parts of its
     ``shared_part_rows`` rows (``answer``)."""
 
     segments: tuple[tuple[torch.Tensor, int], ...]
+    means: int = 1
+
+    def __post_init__(self):
+        for _, R in self.segments:
+            if R % self.means:
+                raise ValueError(f"{R} rows a point do not split in runs of {self.means}")
 
     @property
     def rows(self) -> int:
         return sum(v.shape[0] * r for v, r in self.segments)
+
+    @property
+    def gradient_rows(self) -> int:
+        return self.rows // self.means
 
     @property
     def dtype(self) -> torch.dtype:
@@ -181,26 +198,26 @@ def rows_of(
 
 
 def shared_rows(req: PairScores, a: int, b: int):
-    """Pairs [a, b)'s rows as ``SharedPoints``, pair by pair (i then j, for each of the k
-    minibatches), each point once: (clients, points, salts)."""
+    """Pairs [a, b)'s rows as ``SharedPoints``, pair by pair and end by end (i's k
+    minibatches, then j's), each point once and one gradient per end (its minibatches'
+    mean): (clients (2kP,), points, salts (2kP,))."""
     k = req.batches
     ends = req.pairs[a:b]  # (P, 2)
-    clients = ends.repeat(1, k).flatten()  # (P 2k,): i, j, i, j, ...
-    salts = batch_salts(ends.flip(1).flatten(), k).view(k, -1, 2).transpose(0, 1).flatten()
-    return clients, SharedPoints(((req.points(a, b), 2 * k),)), salts
+    clients = ends.repeat_interleave(k, dim=1).flatten()  # i, i, j, j for k = 2
+    salts = batch_salts(ends.flip(1).flatten(), k).view(k, -1).transpose(0, 1).flatten()
+    return clients, SharedPoints(((req.points(a, b), 2 * k),), means=k), salts
 
 
 def scores_from(req: PairScores, G: torch.Tensor, by_pair: bool = False) -> torch.Tensor:
-    """The scores of the request's pairs (or of a part's) from their gradient rows
-    (``rows_of``' layout, or ``shared_rows``' with ``by_pair``)."""
-    k = req.batches
-    E = G.shape[0] // (2 * k)
-    if by_pair:  # (E, k, 2, d): the minibatches' mean of each end
-        G = G.view(E, k, 2, -1)
-        G = G[:, 0] if k == 1 else mean_over(G, 1)  # (E, 2, d)
+    """The scores of the request's pairs (or of a part's) from their gradient rows:
+    ``rows_of``' layout (2kE, d), or with ``by_pair`` one gradient per end, pair by pair
+    (2E, d), ``shared_rows``' answer."""
+    if by_pair:
+        G = G.view(G.shape[0] // 2, 2, -1)
         G_i, G_j = G[:, 0], G[:, 1]
     else:
-        G = mean_of_batches(G, k)
+        E = G.shape[0] // (2 * req.batches)
+        G = mean_of_batches(G, req.batches)
         G_i, G_j = G[:E], G[E:]
     return alignment_scores(G_i, G_j, req.score, req.floor)
 
@@ -211,6 +228,14 @@ def mean_of_batches(G: torch.Tensor, k: int) -> torch.Tensor:
     if k == 1:
         return G
     return mean_over(G.view(k, G.shape[0] // k, G.shape[1]), 0)
+
+
+def mean_of_runs(G: torch.Tensor, k: int) -> torch.Tensor:
+    """The gradients of runs of ``k`` consecutive rows, averaged: (k m, d) -> (m, d)
+    (``G`` itself for k = 1)."""
+    if k == 1:
+        return G
+    return mean_over(G.view(G.shape[0] // k, k, G.shape[1]), 1)
 
 
 def mean_over(G: torch.Tensor, dim: int) -> torch.Tensor:

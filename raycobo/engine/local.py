@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from raycobo import rng
+from raycobo.algorithms import pairs
 from raycobo.algorithms.base import Evaluation, tensor_layout
 from raycobo.algorithms.pairs import SharedPoints
 from raycobo.data.base import FederatedData
@@ -185,18 +186,19 @@ class VectorizedOps(_SupervisedBase):
 
     def _shared_grads(self, clients, Z: SharedPoints, round, streams, salts):
         """``grads`` of a request whose rows share points: per segment, chunks of whole
-        points (at most ``rows_per_call`` rows), each point's R rows in one GEMM."""
-        m = clients.numel()
-        G = torch.empty(m, self.dim, device=self.device, dtype=Z.dtype)
+        points (at most ``rows_per_call`` rows), each point's R rows in one GEMM and each
+        run of ``Z.means`` rows as one gradient."""
+        m, k = clients.numel(), Z.means
+        G = torch.empty(Z.gradient_rows, self.dim, device=self.device, dtype=Z.dtype)
         L = torch.empty(m, device=self.device, dtype=Z.dtype)
         row = 0
         for values, R in Z.segments:
             step = max(1, self.chunk_size // R)  # points per call
             for u in range(0, values.shape[0], step):
                 P = values[u : u + step].detach()
-                sl = slice(row + u * R, row + (u + P.shape[0]) * R)
-                xb, yb = self.batches.batch(clients[sl], round, streams[sl], salts[sl])
-                L[sl] = self.model.loss_grad(P, xb, yb, G[sl], R)
+                a, b = row + u * R, row + (u + P.shape[0]) * R
+                xb, yb = self.batches.batch(clients[a:b], round, streams[a:b], salts[a:b])
+                L[a:b] = self.model.loss_grad(P, xb, yb, G[a // k : b // k], R, k)
             row += values.shape[0] * R
         return G, L
 
@@ -208,7 +210,8 @@ class VectorizedOps(_SupervisedBase):
                 raise ValueError(f"{m} request rows for {Z.rows} shared-point rows")
             if self.fused:
                 return self._shared_grads(clients, Z, round, streams, salts)
-            Z = Z.materialize()
+            G, L = self.grads(clients, Z.materialize(), round, streams, salts)
+            return pairs.mean_of_runs(G, Z.means), L
         G = torch.empty(m, self.dim, device=self.device, dtype=Z.dtype)
         L = torch.empty(m, device=self.device, dtype=Z.dtype)
         for sl in self._chunks(m):

@@ -152,14 +152,23 @@ def _mlp_loss_grad(sizes: list[int]) -> Callable[..., torch.Tensor]:
     and the backward through the weights then run one GEMM of R B samples per point,
     reading one copy of it, and only the weight gradients stay per row. Each row's numbers
     are those of R = 1 on R copies of its point (the same per-row products: tested).
-    Checked against autograd in tests/models."""
+    ``means`` consecutive rows of a point (R a multiple of it) may share one gradient,
+    their minibatches' mean, written as one row of G (m / means, d): each weight gradient
+    one GEMM over their means B samples (where the per-row gradients and their mean
+    would be means GEMMs and a pass over them); the loss stays per row (m,). Checked
+    against autograd in tests/models."""
     layers = mlp_layers(sizes)
 
     def loss_grad(
-        P: torch.Tensor, x: torch.Tensor, y: torch.Tensor, G: torch.Tensor, R: int = 1
+        P: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        G: torch.Tensor,
+        R: int = 1,
+        means: int = 1,
     ) -> torch.Tensor:
         m, B = x.shape[0], x.shape[1]
-        U = m // R
+        U, rows, S = m // R, m // means, means * B  # points, gradient rows, samples per row
         acts = [x.reshape(U, R * B, -1)]  # inputs of each layer, (U, R B, in)
         h = acts[0]
         for i, (w0, b0, end, a, b) in enumerate(layers):
@@ -171,15 +180,16 @@ def _mlp_loss_grad(sizes: list[int]) -> Callable[..., torch.Tensor]:
         logp = torch.log_softmax(h, dim=-1)  # (U, R B, C)
         nll = -logp.gather(-1, y.reshape(U, R * B)[..., None]).squeeze(-1)
         loss = nll.view(m, B).mean(dim=1)  # (m,)
-        delta = logp.exp_()  # dL/dlogits = (softmax - onehot) / B
+        delta = logp.exp_()  # dL/dlogits = (softmax - onehot) / (means B)
         delta.scatter_add_(
             -1, y.reshape(U, R * B)[..., None], torch.full_like(delta[..., :1], -1.0)
         )
-        delta /= B
+        delta /= S
         for i in range(len(layers) - 1, -1, -1):
             w0, b0, end, a, b = layers[i]
-            per = delta.view(m, B, b)  # each row's own
-            torch.bmm(per.transpose(1, 2), acts[i].view(m, B, a), out=G[:, w0:b0].view(m, b, a))
+            per = delta.view(rows, S, b)  # each gradient row's own
+            out = G[:, w0:b0].view(rows, b, a)
+            torch.bmm(per.transpose(1, 2), acts[i].view(rows, S, a), out=out)
             G[:, b0:end] = per.sum(dim=1)
             if i > 0:
                 W = P[:, w0:b0].view(U, b, a)

@@ -380,16 +380,15 @@ def test_freed_memory_is_kept_unless_the_user_set_the_thresholds():
 @pytest.mark.parametrize(
     "overrides",
     [
-        [],  # the defaults: 2 minibatches per alignment gradient, bounded scores
         ["algorithm.alignment_batches=1", "algorithm.alignment=inner"],
         ["algorithm.preset=paper", "algorithm.sampling=full"],
     ],
 )
 def test_shared_points_give_the_copied_points_numbers(digits_cfg, overrides):
     """CoBo on the local engine's MLP asks for each midpoint once (SharedPoints: its 2k
-    requests as one GEMM); the state after the rounds is the one of the same rounds with
-    every request row its own copy of its point, bit for bit, and the shared request's
-    rows equal the materialized request's."""
+    requests as one GEMM); with one minibatch an end the state after the rounds is the
+    one of the same rounds with every request row its own copy of its point, bit for
+    bit, and the shared request's rows equal the materialized request's."""
     from raycobo.algorithms.pairs import SharedPoints
     from tests.helpers import assert_trees_equal
 
@@ -409,6 +408,33 @@ def test_shared_points_give_the_copied_points_numbers(digits_cfg, overrides):
     assert torch.equal(G1, G2) and torch.equal(L1, L2)
     with pytest.raises(ValueError, match="request rows"):
         ops.grads(clients[:-1], points, 3, rng.ALIGN, 5)
+
+
+def test_an_ends_minibatches_as_one_gradient_give_their_mean(digits_cfg):
+    """With the defaults (2 minibatches an end) the local engine's MLP answers each pair
+    end as one gradient of both minibatches' samples: the mean of the two minibatch
+    gradients to float rounding, the same rows' losses, and each pair's score that of
+    the plain rows (every row its own point, each end's minibatches averaged after)."""
+    from raycobo.algorithms.pairs import PairScores, SharedPoints, answer, mean_of_runs
+
+    cfg = digits_cfg("algorithm.name=cobo", "rounds=4")
+    data, ops, algo = build(cfg)
+    assert ops.shares_points and algo.batches == 2
+    X = run_rounds(algo, ops, 4).X
+    points = SharedPoints(((X[:3], 4),), means=2)
+    clients = torch.arange(3).repeat_interleave(4)
+    G1, L1 = ops.grads(clients, points, 3, rng.ALIGN, torch.arange(12))
+    G2, L2 = ops.grads(clients, points.materialize(), 3, rng.ALIGN, torch.arange(12))
+    assert G1.shape == (6, X.shape[1]) and torch.equal(L1, L2)
+    assert_close(G1, mean_of_runs(G2, 2), atol=1e-7, rtol=1e-5)
+    n = X.shape[0]
+    i, j = torch.triu_indices(n, n, 1)
+    req = PairScores(torch.stack([i, j], 1), X, 2, "bounded", 0.3)
+    fused, _ = answer(ops, req, 5)
+    ops.shares_points = False
+    plain, _ = answer(ops, req, 5)
+    assert not torch.equal(fused, plain)  # float rounding apart: a different sum
+    assert_close(fused, plain, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

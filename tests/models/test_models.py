@@ -41,6 +41,27 @@ def test_fused_mlp_gradient_matches_autograd(hidden):
     assert_close(G, Ga, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("R", "means"), [(4, 2), (6, 3), (3, 1)])
+def test_fused_mlp_gradient_of_shared_points_and_minibatch_means(R, means):
+    """U points each asked for R rows; each run of ``means`` rows answered as one
+    gradient: the mean of autograd's per-row gradients at the row's point (float
+    rounding apart), and each row's own loss."""
+    model = build_model(ModelConfig(name="mlp", hidden=[16]), (1, 8, 8), 10)
+    g = torch.Generator().manual_seed(2)
+    U, B = 3, 5
+    P = torch.randn(U, model.dim, generator=g) * 0.3
+    x = torch.randn(U * R, B, 1, 8, 8, generator=g)
+    y = torch.randint(0, 10, (U * R, B), generator=g)
+    G = torch.full((U * R // means, model.dim), float("nan"))
+    loss = model.loss_grad(P, x, y, G, R, means)
+    Pa = P.repeat_interleave(R, dim=0).requires_grad_(True)
+    logits = model.forward(Pa, x).reshape(U * R * B, 10)
+    la = F.cross_entropy(logits, y.reshape(-1), reduction="none").view(U * R, B).mean(1)
+    (Ga,) = torch.autograd.grad(la.sum(), Pa)
+    assert_close(loss, la.detach(), atol=1e-6, rtol=1e-5)
+    assert_close(G, Ga.view(-1, means, model.dim).mean(1), atol=1e-6, rtol=1e-5)
+
+
 def test_parameter_count_and_init_are_deterministic():
     model = build_model(ModelConfig(name="mlp", hidden=[64]), (1, 28, 28), 10)
     assert model.dim == 784 * 64 + 64 + 64 * 10 + 10  # 50,890

@@ -37,14 +37,16 @@ def test_the_scores_by_hand():
 
 def test_a_pair_request_asks_for_the_rows_its_scores_read():
     """A PairScores request's rows as one tensor (all i-ends, then all j-ends, per
-    minibatch) and as shared points (pair by pair) ask for the same (client, salt) rows
-    at the same points (the pairs' midpoints), and each layout's answer reduces to the
-    same scores; answered in parts of at least two pairs, shared or plain (an ops that
-    holds fewer rows than the request), the same scores as in one."""
+    minibatch) and as shared points (pair by pair, end by end, one gradient per end)
+    ask for the same (client, salt) rows at the same points (the pairs' midpoints), and
+    each layout's answer reduces to the same scores; answered in parts of at least two
+    pairs, shared or plain (an ops that holds fewer rows than the request), the same
+    scores as in one."""
     from raycobo.algorithms.pairs import (
         ALIGN_SALT_STRIDE,
         PairScores,
         answer,
+        mean_of_runs,
         rows_of,
         scores_from,
         shared_rows,
@@ -59,18 +61,23 @@ def test_a_pair_request_asks_for_the_rows_its_scores_read():
     rows = lambda c, s, Z: sorted(zip(c.tolist(), s.tolist(), Z.tolist(), strict=True))  # noqa: E731
     assert rows(clients, salts, Z) == rows(s_clients, s_salts, shared.materialize())
     assert int(salts.max()) == 4 + ALIGN_SALT_STRIDE  # the second minibatch's salt
+    # end by end: pair (1, 4)'s rows are client 1's two minibatches, then client 4's
+    assert s_clients[4:8].tolist() == [1, 1, 4, 4]
+    assert s_salts[4:8].tolist() == [4, 4 + ALIGN_SALT_STRIDE, 1, 1 + ALIGN_SALT_STRIDE]
+    assert shared.means == k and shared.gradient_rows == 2 * 5
     # an answer that is a function of (client, salt, point) reduces alike in both layouts
     grad = lambda c, s, Z: torch.stack([c.float(), s.float() % 7, Z.sum(1)], dim=1)  # noqa: E731
     flat = scores_from(req, grad(clients, salts, Z))
-    by_pair = scores_from(req, grad(s_clients, s_salts, shared.materialize()), by_pair=True)
-    assert torch.equal(flat, by_pair)
+    ends = mean_of_runs(grad(s_clients, s_salts, shared.materialize()), k)  # (2E, 3)
+    assert torch.equal(flat, scores_from(req, ends, by_pair=True))
 
     class Ops:  # an ops that takes shared points, in parts of at most 8 rows
         shares_points, shared_part_rows, calls = True, 8, 0
 
         def grads(self, c, Z, t, stream, salt):
             Ops.calls += 1
-            return grad(c, torch.as_tensor(salt), Z.materialize()), torch.zeros(c.numel())
+            G = grad(c, torch.as_tensor(salt), Z.materialize())
+            return mean_of_runs(G, Z.means), torch.zeros(c.numel())
 
     got, losses = answer(Ops(), req, 0)
     assert Ops.calls == 2 and losses.numel() == 0  # pairs [0, 2) and [2, 5): 8 + 12 rows
@@ -85,6 +92,8 @@ def test_a_pair_request_asks_for_the_rows_its_scores_read():
 
     got, _ = answer(Held(), req, 0)
     assert Held.asked == [12, 8] and torch.equal(got, flat)
+    with pytest.raises(ValueError, match="runs of 2"):
+        type(shared)(((req.models[:1], 3),), means=2)
 
 
 def test_a_new_score_is_one_part_and_one_preset(quad_cfg, tmp_path):
