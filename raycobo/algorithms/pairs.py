@@ -6,13 +6,13 @@ A method asks for it (``PairScores``); ``answer`` computes it over any ``ClientO
 from ``grads``: one request of all the rows, or, for an ops that takes ``SharedPoints``,
 each point once for its 2k rows and one gradient per pair end (the mean of its k
 minibatches, which that ops may compute as one gradient of their samples together),
-``ops.shared_part_rows`` rows at a time. An ops that
-holds at most ``ops.request_rows`` gradient rows at once (the local engine: its memory
-budget) gets a larger request in parts of the pairs, each part reduced to its scores
-before the next. Every layout asks each row for the same minibatch and gives each pair
-the same score, the shared points' to float rounding (tested). A score is a function
-(G_i, G_j, floor) -> (E,) registered by name (``register_score``); ``floor`` is the
-least denominator a bounded score divides by.
+``ops.shared_part_rows`` rows at a time. An ops that holds at most ``ops.request_rows``
+gradient rows at once (the local engine: its memory budget) gets a larger request in
+parts of the pairs, each part reduced to its scores before the next. Every layout asks
+each row for the same minibatch and gives each pair the same score, the shared points'
+to float rounding (tested). A score is a function (G_i, G_j, floor) -> (E,) registered
+by name (``register_score``); ``floor`` is the least denominator a bounded score divides
+by.
 
 The draws: end i of pair (i, j) is client i's stream ALIGN salted by j (and end j by
 i), minibatch b > 0 by that salt + b * ALIGN_SALT_STRIDE, a salt no client id reaches.
@@ -204,8 +204,13 @@ def shared_rows(req: PairScores, a: int, b: int):
     k = req.batches
     ends = req.pairs[a:b]  # (P, 2)
     clients = ends.repeat_interleave(k, dim=1).flatten()  # i, i, j, j for k = 2
-    salts = batch_salts(ends.flip(1).flatten(), k).view(k, -1).transpose(0, 1).flatten()
+    salts = run_salts(ends.flip(1).flatten(), k)
     return clients, SharedPoints(((req.points(a, b), 2 * k),), means=k), salts
+
+
+def run_salts(salts: torch.Tensor, k: int) -> torch.Tensor:
+    """``batch_salts`` end-major: each end's k minibatches in a run. (m,) -> (k m,)"""
+    return batch_salts(salts, k).view(k, -1).transpose(0, 1).flatten()
 
 
 def scores_from(req: PairScores, G: torch.Tensor, by_pair: bool = False) -> torch.Tensor:

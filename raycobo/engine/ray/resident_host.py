@@ -103,17 +103,37 @@ class ResidentHostImpl(ClientHostImpl):
         """Phase 1 of a resident round: this host's clients' gradients at the points
         ``hp.points(x_i, x_j)`` of their sampled pairs (x_j read from the partner host's
         published block among ``blocks``), each the mean of ``hp.batches`` minibatches,
-        and at their own models (the step's, kept here for phase 2). One batched request.
+        and at their own models (the step's, kept here for phase 2): one batched request,
+        or, where the ops takes shared points (the MLP), the ends' as one gradient each.
         The models ``hp.published`` gives are published for the other hosts' phase 2. ->
         (pair gradients (k, d), this host's published models or None)"""
         self._wait(len(req.own) + len(req.members))
         t0 = time.perf_counter()
         X = self._models()
         own, members = self._in(req.own), self._in(req.members)
-        m = members.numel()
         salts = torch.as_tensor(np.asarray(req.salts), dtype=torch.int64).reshape(-1)
-        batches = 1
-        if own.numel():  # each pair row repeated per minibatch it averages
+        if own.numel() and pairs.shares_points(self.ops):
+            # each end's minibatches as one gradient at one copy of its point, as the
+            # local engine asks them; the members' step apart
+            b = hp.batches
+            mid = hp.points(X[own], self._rows_of(blocks, req.partners))
+            Z = pairs.SharedPoints(((mid, b),), means=b)
+            ends, salts = own.repeat_interleave(b), pairs.run_salts(salts, b)
+            G_pairs, _ = self.ops.grads(ends, Z, req.round, rng.ALIGN, salts)
+            G, L = self.ops.grads(members, X[members], req.round, rng.STEP, 0)
+            k = 0
+        else:
+            G_pairs, G, L, k = self._one_request(req, hp, X, own, members, salts, blocks)
+        Y = hp.published(X, members, G[k:])
+        self.pending_step = (members, G[k:], L[k:], Y)
+        self.phase1_s = time.perf_counter() - t0
+        return G_pairs.cpu().numpy(), None if Y is None else Y.cpu().numpy()
+
+    def _one_request(self, req, hp, X, own, members, salts, blocks):
+        """Phase 1's gradients as one request of plain rows, the pair ends' first, each
+        repeated per minibatch it averages. -> (pair gradients, G, L, pair rows in G)"""
+        batches, m = 1, members.numel()
+        if own.numel():
             mid = hp.points(X[own], self._rows_of(blocks, req.partners))
             batches = hp.batches
             own, mid, salts = pairs.end_rows(own, mid, salts, batches)
@@ -124,11 +144,7 @@ class ResidentHostImpl(ClientHostImpl):
         streams = torch.cat([torch.full((k,), rng.ALIGN), torch.full((m,), rng.STEP)])
         salts = torch.cat([salts, torch.zeros(m, dtype=torch.int64)])
         G, L = self.ops.grads(torch.cat([own, members]), Z, req.round, streams, salts)
-        Y = hp.published(X, members, G[k:])
-        self.pending_step = (members, G[k:], L[k:], Y)
-        self.phase1_s = time.perf_counter() - t0
-        G_pairs = pairs.mean_of_batches(G[:k], batches)
-        return G_pairs.cpu().numpy(), None if Y is None else Y.cpu().numpy()
+        return pairs.mean_of_batches(G[:k], batches), G, L, k
 
     def res_update(self, req: UpdateRequest, hp: RowStep, *parts):
         """Phase 2: for a method that scores pairs, the scores of the sampled pairs that
