@@ -112,38 +112,35 @@ class ResidentHostImpl(ClientHostImpl):
         X = self._models()
         own, members = self._in(req.own), self._in(req.members)
         salts = torch.as_tensor(np.asarray(req.salts), dtype=torch.int64).reshape(-1)
+        mid = hp.points(X[own], self._rows_of(blocks, req.partners)) if own.numel() else X[:0]
         if own.numel() and pairs.shares_points(self.ops):
             # each end's minibatches as one gradient at one copy of its point, as the
             # local engine asks them; the members' step apart
             b = hp.batches
-            mid = hp.points(X[own], self._rows_of(blocks, req.partners))
             Z = pairs.SharedPoints(((mid, b),), means=b)
             ends, salts = own.repeat_interleave(b), pairs.run_salts(salts, b)
             G_pairs, _ = self.ops.grads(ends, Z, req.round, rng.ALIGN, salts)
             G, L = self.ops.grads(members, X[members], req.round, rng.STEP, 0)
             k = 0
         else:
-            G_pairs, G, L, k = self._one_request(req, hp, X, own, members, salts, blocks)
+            batches = hp.batches if own.numel() else 1
+            G_pairs, G, L, k = self._one_request(req.round, batches, X, own, mid, members, salts)
         Y = hp.published(X, members, G[k:])
         self.pending_step = (members, G[k:], L[k:], Y)
         self.phase1_s = time.perf_counter() - t0
         return G_pairs.cpu().numpy(), None if Y is None else Y.cpu().numpy()
 
-    def _one_request(self, req, hp, X, own, members, salts, blocks):
-        """Phase 1's gradients as one request of plain rows, the pair ends' first, each
-        repeated per minibatch it averages. -> (pair gradients, G, L, pair rows in G)"""
-        batches, m = 1, members.numel()
-        if own.numel():
-            mid = hp.points(X[own], self._rows_of(blocks, req.partners))
-            batches = hp.batches
-            own, mid, salts = pairs.end_rows(own, mid, salts, batches)
-        else:
-            mid = X[:0]
+    def _one_request(self, t, batches, X, own, mid, members, salts):
+        """Phase 1's gradients as one request of plain rows, the pair ends' first (at
+        ``mid``), each repeated per minibatch it averages. -> (pair gradients, G, L, pair
+        rows in G)"""
+        m = members.numel()
+        own, mid, salts = pairs.end_rows(own, mid, salts, batches)
         k = own.numel()
         Z = torch.cat([mid, X[members]])
         streams = torch.cat([torch.full((k,), rng.ALIGN), torch.full((m,), rng.STEP)])
         salts = torch.cat([salts, torch.zeros(m, dtype=torch.int64)])
-        G, L = self.ops.grads(torch.cat([own, members]), Z, req.round, streams, salts)
+        G, L = self.ops.grads(torch.cat([own, members]), Z, t, streams, salts)
         return pairs.mean_of_batches(G[:k], batches), G, L, k
 
     def res_update(self, req: UpdateRequest, hp: RowStep, *parts):
