@@ -162,7 +162,7 @@ def test_a_row_counts_only_for_the_settings_it_ran():
     cells = {c["id"]: c for c in regimes.load_cells()}
     entries = {"cobo": ("cobo", {}), "no-recheck": ("cobo", {"recheck": 0.0})}
     now = regimes.entry_settings("cobo", {})
-    assert now["pull_at"] == "stepped" and now["recheck"] == 0.02  # the defaults written out
+    assert now["pull"] == "mean" and now["recheck"] == 0.02  # the defaults written out
     assert regimes.entry_settings("cobo", {"recheck": 0.0})["recheck"] == 0.0
     key = ("quad-2x2", "cobo", 0, "test")
     other = ("quad-2x2", "no-recheck", 0, "test")
@@ -259,19 +259,34 @@ def test_rows_of_raycobo_0_4_count_where_its_removed_keys_change_nothing():
 
 
 def test_rows_without_fade_clients_count_where_the_cell_has_no_more_clients():
-    """fade_clients k grows the fade only past k present clients: a row that ran the
-    same settings without it counts on cells of at most k clients (fmnist-160,
-    quad-2x2), not on larger ones (fmnist-400), nor without a cell to tell."""
+    """The fade grows past 160 present clients (fade_clients 160, a key from the
+    twentieth round until raycobo 0.7.0): a row that ran the same settings before it
+    counts on cells of at most 160 clients (fmnist-160, quad-2x2), not on larger ones
+    (fmnist-400), nor without a cell to tell."""
     cells = {c["id"]: c for c in regimes.load_cells()}
-    ran = regimes.entry_settings("cobo", {"fade": 1.0, "closure": 0.1, "fade_clients": 0})
-    now = regimes.entry_settings("cobo", {})  # the defaults: fade 1, closure 0.1, k = 160
-    assert (now["fade"], now["closure"], now["fade_clients"]) == (1.0, 0.1, 160)
+    now = regimes.entry_settings("cobo", {})  # the defaults: fade 1, closure 0.1
+    assert (now["fade"], now["closure"]) == (1.0, 0.1) and "fade_clients" not in now
+    ran = {**now, "pull_at": "stepped", "initial_weight": 0.0}  # as rows recorded them
     assert regimes.same_settings(ran, now, cells["fmnist-160"])
     assert regimes.same_settings(ran, now, cells["quad-2x2"])
     assert not regimes.same_settings(ran, now, cells["fmnist-400"])
     assert not regimes.same_settings(ran, now)
-    off = regimes.entry_settings("cobo", {"fade": 1.0, "closure": 0.1, "fade_clients": 0})
-    assert regimes.same_settings(ran, off, cells["fmnist-400"])  # 0: off, as absent
+
+
+def test_rows_before_0_7_count_where_the_folded_keys_had_the_values_they_take_now():
+    """raycobo 0.7.0 folded pull_at into pull, initial_weight into pull_threshold and
+    fade_clients into the fade; a row that recorded them counts as today's run where
+    they held the values those keys now give them, and not otherwise."""
+    big = {c["id"]: c for c in regimes.load_cells()}["fmnist-400"]
+    now = regimes.entry_settings("cobo", {})
+    then = {**now, "pull_at": "stepped", "initial_weight": 0.0, "fade_clients": 160}
+    assert regimes.same_settings(then, now, big)
+    for key, other in [("pull_at", "current"), ("initial_weight", 1.0), ("fade_clients", 80)]:
+        assert not regimes.same_settings({**then, key: other}, now, big), key
+    paper = regimes.entry_settings("cobo", {"preset": "paper"})
+    old = {**paper, "pull_at": "current", "initial_weight": 1.0, "fade_clients": None}
+    assert regimes.same_settings(old, paper, big)
+    assert not regimes.same_settings({**old, "initial_weight": 0.0}, paper, big)
 
 
 def test_the_report_leaves_out_rows_the_defaults_no_longer_run():

@@ -260,12 +260,30 @@ FIXED_SINCE = {"fade_decay": "none", "sampling_scale_max": 4.0}
 RENAMED = {"rule": "preset"}
 
 
+def _folded(settings: dict) -> dict:
+    """The CoBo keys raycobo 0.7.0 folded into others, at the values those others give
+    them now (every CoBo row before 0.7.0 recorded them; ``in_todays_terms`` adds them
+    to the settings of 0.7.0 on, so that both compare key for key)."""
+    from raycobo.algorithms.cobo.wstep import FADE_CLIENTS
+
+    box = settings.get("domain", "box") == "box"
+    cut = box and bool(settings.get("pull_threshold"))
+    return {
+        "pull_at": "stepped" if settings.get("pull") == "mean" else "current",
+        "initial_weight": (0.0 if cut else 1.0) if box else None,
+        "fade_clients": FADE_CLIENTS if settings.get("fade") else None,
+    }
+
+
 def in_todays_terms(settings: dict) -> dict:
     """Settings as a row recorded them, in the terms ``same_settings`` compares: the
+    keys raycobo 0.7.0 folded into others at the values they now take (``_folded``), the
     re-checks' scale-up target as ``recheck_samples`` (a key until raycobo 0.5.0; since
     then sampling_samples where there are re-checks), and a fade from before
     ``fade_decay`` existed as the decayed one it was."""
     out = dict(settings)
+    if out.get("name") == "cobo" and "pull" in out and "pull_at" not in out:  # 0.7.0 on
+        out.update(_folded(out))
     if "recheck_samples" not in out and "sampling_samples" in out:  # 0.5.0 on
         out["recheck_samples"] = out["sampling_samples"] if out.get("recheck") else None
     elif out.get("fade") and "fade_decay" not in out:  # before the fade's schedule key

@@ -133,11 +133,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 # stored configs start with this line (``Config.to_yaml``); this version reads those that
-# versions from READS_FROM on wrote (0.5.0: CoBo's re-checks scale up by sampling_samples,
-# and recheck_samples, fade_decay and sampling_scale_max are gone, so a config of 0.4's
-# would resume under other settings)
+# versions from READS_FROM on wrote (0.7.0: CoBo's pull_at, initial_weight and
+# fade_clients are gone, folded into pull, pull_threshold and the fade)
 WRITTEN_BY = "# written by raycobo "
-READS_FROM = "0.5.0"
+READS_FROM = "0.7.0"
 
 
 def _release(version: str) -> tuple[int, ...] | None:

@@ -63,13 +63,11 @@ def test_local_engine_on_cuda_matches_the_cpu(digits_cfg, name):
     "settings",
     [
         [],  # the defaults: the sampler's draws, re-checks and the W step
-        # a fade grown past 2 present clients (it lowers w_23 from 0.19 to 0.14 here)
-        # and the closure's extra pairs, on two sampled pairs a round
+        # the fade and the closure's extra pairs, on two sampled pairs a round
         [
             "algorithm.sampling=constant",
             "algorithm.sampling_c=2",
             "algorithm.fade=0.3",
-            "algorithm.fade_clients=2",
             "algorithm.closure=1",
         ],
         ["algorithm.preset=paper"],  # Algorithm 1 as the paper states it

@@ -24,10 +24,11 @@ class Membership:
         return replace(state, active=active)
 
     def join(self, state, clients: list[int], t: int):
-        """Clients join before round t: their W row and column restart at W^0 (box:
-        ``initial_weight``, w_ii = 1; simplex: uniform over the present others, and the
-        others' rows give them weight 0 until sampled), and their pairs' W step restarts
-        its decay (a newcomer's pairs are learned as the first rounds' are)."""
+        """Clients join before round t: their W row and column restart at W^0 (box: 0
+        with a pull threshold, 1 without, w_ii = 1; simplex: uniform over the present
+        others, and the others' rows give them weight 0 until sampled), and their pairs'
+        W step restarts its decay (a newcomer's pairs are learned as the first rounds'
+        are)."""
         weights.require_dense(state.W, "clients joining or leaving")
         n = state.X.shape[0]
         active = _active(state.active, n, state.X.device)
@@ -38,8 +39,8 @@ class Membership:
         joined[new.cpu()] = int(t)
         W = state.W.clone()
         if self.cfg.domain == "box":
-            W[new, :] = self.cfg.initial_weight
-            W[:, new] = self.cfg.initial_weight
+            W[new, :] = self.w0
+            W[:, new] = self.w0
             W[new, new] = 1.0
         else:
             others = active.clone()

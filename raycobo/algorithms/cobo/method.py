@@ -17,7 +17,7 @@ from raycobo.algorithms.cobo.proposals import Closure, Proposals, Rechecks
 from raycobo.algorithms.cobo.pull import Pull
 from raycobo.algorithms.cobo.rows import InRows
 from raycobo.algorithms.cobo.score import FLOORED, initial_scale
-from raycobo.algorithms.cobo.settings import CoBoConfig, PresetView, pull_cut
+from raycobo.algorithms.cobo.settings import CoBoConfig, PresetView, initial_weight, pull_cut
 from raycobo.algorithms.cobo.wstep import Schedule, WStep, update_weights
 from raycobo.algorithms.common import FLOAT
 from raycobo.algorithms.pairs import PairScores, answer_rows, round_bytes
@@ -47,9 +47,10 @@ class CoBo(InRows, Membership):
         box = c.domain == "box"
         cut = pull_cut(c) or 0.0
         self.batches = int(c.alignment_batches)
-        self.pull = Pull(c.pull, c.lr, c.rho, c.domain, cut, c.pull_at, c.pull_strength)
+        self.w0 = initial_weight(c)  # W^0 between clients (box domain)
+        self.pull = Pull(c.pull, c.lr, c.rho, c.domain, cut, c.pull_strength)
         fade = float(c.fade or 0.0) if box else 0.0
-        self.schedule = Schedule(c.gamma, c.gamma_decay, cut, fade, int(c.fade_clients or 0))
+        self.schedule = Schedule(c.gamma, c.gamma_decay, cut, fade)
         # the re-checks scale up where the sampler's rates do (sampling_samples)
         rechecks = Rechecks(
             float(c.recheck or 0.0) if box else 0.0, float(c.sampling_samples or 0.0)
@@ -112,7 +113,7 @@ class CoBo(InRows, Membership):
         else:
             X = ops.initial_params().expand(n, -1).clone()  # x_i^0 = x^0 (Algorithm 1)
         self.pull.rho_for(n)  # an explicit rho beyond the stability bound stops here
-        W = weights.initial(n, c.domain, c.initial_weight, self.sparse_w(n), X.device)
+        W = weights.initial(n, c.domain, self.w0, self.sparse_w(n), X.device)
         return CoBoState(X, W, scale=self.initial_scale(ops, X))
 
     def sparse_w(self, n: int) -> bool:

@@ -1,6 +1,6 @@
 """Eq. (2)-(3)'s pull: each model's gradient step plus rho times its pull toward the
-collaborators W weighs, summed (Algorithm 1) or toward their W-weighted mean, on the
-current models or the stepped ones, leaving out the weights below a threshold."""
+collaborators W weighs, summed on the current models (Algorithm 1) or toward their
+W-weighted mean on the stepped ones, leaving out the weights below a threshold."""
 
 from __future__ import annotations
 
@@ -40,8 +40,15 @@ def pull_weights(W: torch.Tensor, pull: str, threshold: float = 0.0) -> torch.Te
     return W
 
 
+def on_stepped(pull: str) -> bool:
+    """Whether the pull acts on the stepped models x - lr g (the mean pull: adapt then
+    combine) rather than on the current ones, beside the gradient step (the summed pull,
+    Eq. 3 as printed)."""
+    return pull == "mean"
+
+
 def stepped_models(X: torch.Tensor, G: torch.Tensor, lr: float) -> torch.Tensor:
-    """y = x - lr g: the models the pull acts on with ``pull_at: stepped``."""
+    """y = x - lr g: the models the mean pull acts on."""
     return torch.add(X, G, alpha=-lr)
 
 
@@ -53,15 +60,14 @@ def penalized_step(
     rho: float,
     pull: str = "sum",
     threshold: float = 0.0,
-    at: str = "current",
 ) -> torch.Tensor:
     """Eq. (3) in three passes over (n, d):
     X - lr (G + rho (diag(W 1) - W) X) = (1 - lr rho deg) X + lr rho W X - lr G.
-    ``pull='mean'``: the same with W's rows divided by max(1, their sum); ``threshold``:
-    W's entries below it count as 0 (``pull_weights``); ``at='stepped'``: the pull acts
-    on Y = X - lr G instead of X (adapt then combine): (1 - lr rho deg) Y + lr rho W Y."""
+    ``pull='mean'``: W's rows divided by max(1, their sum), and the pull acts on
+    Y = X - lr G instead of X (adapt then combine): (1 - lr rho deg) Y + lr rho W Y;
+    ``threshold``: W's entries below it count as 0 (``pull_weights``)."""
     W = pull_weights(W, pull, threshold)
-    if at == "stepped":
+    if on_stepped(pull):
         X, G = stepped_models(X, G, lr), None
     if weights.is_sparse(W):
         deg = W.degree()[:, None].to(X.dtype)
@@ -125,9 +131,9 @@ def add_weighted(out: torch.Tensor, W: torch.Tensor, X: torch.Tensor, alpha: flo
 
 @dataclass(frozen=True)
 class Pull:
-    """Eq. (3) as the settings give it: ``kind`` sum (rho sum_k w_ik (x_i - x_k)) or mean
-    (toward the W-weighted mean), the entries below ``threshold`` left out, acting ``at``
-    the current models x^t or the stepped ones x^t - lr g; ``rho`` a number or "auto"
+    """Eq. (3) as the settings give it: ``kind`` sum (rho sum_k w_ik (x_i - x_k), on the
+    current models x^t) or mean (toward the W-weighted mean, on the stepped models x^t -
+    lr g), the entries below ``threshold`` left out; ``rho`` a number or "auto"
     (``strength``: the mean pull's lr * rho)."""
 
     kind: str
@@ -135,8 +141,12 @@ class Pull:
     rho: float | str
     domain: str
     threshold: float = 0.0
-    at: str = "current"
     strength: float | None = None
+
+    @property
+    def at(self) -> str:
+        """Where the pull acts: on the "stepped" models (mean) or the "current" ones (sum)."""
+        return "stepped" if on_stepped(self.kind) else "current"
 
     def rho_for(self, n: int) -> float:
         """rho for n clients. Eq. (2) sums rho * w_ij (x_i - x_j) over all j, and with the
@@ -175,7 +185,7 @@ class Pull:
         """Eq. (3) for the models X (m, d) with their gradients G and W (m, m), rho that
         of n clients."""
         rho = self.rho_for(n)
-        return penalized_step(X, G, W, self.lr, rho, self.kind, self.threshold, self.at)
+        return penalized_step(X, G, W, self.lr, rho, self.kind, self.threshold)
 
     def read(self, W: weights.Weights) -> weights.Weights:
         """The entries the pull reads (those below the threshold set to 0)."""

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 import torch
 
 from raycobo.algorithms.cobo import weights
-from raycobo.algorithms.cobo.pull import penalized_rows_blocks, pull_weights, stepped_models
+from raycobo.algorithms.cobo.pull import (
+    on_stepped,
+    penalized_rows_blocks,
+    pull_weights,
+    stepped_models,
+)
 from raycobo.algorithms.cobo.wstep import WStep, update_weight_rows
 
 
@@ -28,14 +33,13 @@ class RowStep:
     floor: float  # its least denominator (a floored score's)
     pull: str
     threshold: float  # the pull's threshold on w_ij
-    at: str  # where the pull acts: "current" models x^t or "stepped" x^t - lr g
     batches: int = 1  # the minibatches each end's gradient averages
     fade: float = 0.0  # what each weight below the threshold loses this round (``fade``)
 
     @property
     def reads_published(self) -> bool:
         """Whether the step reads the other hosts' stepped models (``published``)."""
-        return self.at == "stepped"
+        return on_stepped(self.pull)
 
     @staticmethod
     def points(X_own: torch.Tensor, X_partners: torch.Tensor) -> torch.Tensor:
@@ -47,7 +51,7 @@ class RowStep:
     ) -> torch.Tensor | None:
         """The models the pull acts on where it acts on the stepped ones (x - lr g for
         the clients stepping, x for the others; None: it acts on x^t)."""
-        if self.at != "stepped":
+        if not on_stepped(self.pull):
             return None
         Y = X.clone()
         Y[members] = stepped_models(X[members], G, self.lr)
@@ -113,7 +117,6 @@ class InRows:
             self.floor(state),
             self.pull.kind,
             self.pull.threshold,
-            self.pull.at,
             self.batches,
             self.fade_at(t, self.present(state)),
         )
@@ -122,7 +125,7 @@ class InRows:
         """W^0 for hosts that keep the rows (dense), and the floored score's unit."""
         self.pull.rho_for(ops.n_clients)  # an unstable explicit rho stops here
         X0 = ops.initial_params().expand(ops.n_clients, -1)
-        W = weights.initial_weights(ops.n_clients, self.cfg.domain, value=self.cfg.initial_weight)
+        W = weights.initial_weights(ops.n_clients, self.cfg.domain, value=self.w0)
         return W, {"scale": self.initial_scale(ops, X0)}
 
     def rows_state(self, W: torch.Tensor, active: torch.Tensor | None, extras: dict):

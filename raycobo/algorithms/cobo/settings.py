@@ -45,17 +45,14 @@ register_preset(
     gamma=0.01,
     gamma_decay="none",
     pull="sum",
-    pull_at="current",
     pull_strength=0.2,
     pull_threshold=0.0,
-    initial_weight=1.0,
     recheck=0.0,
     sampling="mixed",
     mixed_switch=0.5,
     start_all_pairs=False,
     sampling_samples=0.0,
     fade=0.0,
-    fade_clients=0,
     closure=0.0,
     momentum=0.0,
     init="shared",
@@ -84,15 +81,12 @@ register_preset(
     gamma=3.0,
     gamma_decay="sqrt",
     pull="mean",
-    pull_at="stepped",
     pull_strength=0.5,
     pull_threshold=0.5,
-    initial_weight=0.0,
     recheck=0.02,
     start_all_pairs=True,
     sampling_samples=12.0,
     fade=1.0,
-    fade_clients=160,
     closure=0.1,
 )
 PRESET_KEYS = tuple(PRESETS["paper"])
@@ -133,13 +127,11 @@ EVERY_PAIR = Needs("sampling", "full", differs=True, only_on=True)  # full: noth
 WHEN: dict[str, tuple[Needs, ...]] = {
     "cosine_floor": (Needs("alignment", "bounded"),),
     "pull_threshold": (BOX,),
-    "initial_weight": (BOX,),
     "pull_strength": (Needs("pull", "mean"), Needs("rho", "auto"), BOX),
     "recheck": (BOX,),
     "start_all_pairs": (EVERY_PAIR,),
     "sampling_samples": (EVERY_PAIR,),
     "fade": (BOX, Needs("pull_threshold", only_on=True)),
-    "fade_clients": (BOX, Needs("fade", only_on=True)),
     "closure": (BOX, Needs("pull_threshold", only_on=True), EVERY_PAIR),
 }
 
@@ -177,6 +169,14 @@ class CoBoConfig(MethodConfig):
         "fade_decay": "removed in raycobo 0.5.0: the fade is never decayed (no preset decayed it)",
         "sampling_scale_max": "removed in raycobo 0.5.0: sampling_samples raises the "
         "sampler's rates at most 4 times (no preset set another bound)",
+        "pull_at": "removed in raycobo 0.7.0: pull: mean acts on the stepped models (adapt "
+        "then combine), pull: sum on the current ones (Eq. 3); no preset paired them "
+        "otherwise",
+        "initial_weight": "removed in raycobo 0.7.0: W^0 between clients is 0 where the "
+        "pull has a threshold (algorithm.pull_threshold > 0: a pair pulls once measured "
+        "aligned) and 1 without one (Algorithm 1); no preset paired them otherwise",
+        "fade_clients": "removed in raycobo 0.7.0: the fade grows as n / 160 past 160 "
+        "present clients (no preset set another count)",
     }
 
     name: Literal["cobo"] = "cobo"
@@ -212,23 +212,19 @@ class CoBoConfig(MethodConfig):
         "cosine_floor",
         gt=0,
     )
-    gamma_decay: Literal["none", "sqrt", "linear"] | None = _key(
-        "W step schedule: constant gamma (paper), gamma / sqrt(1 + k_t) or gamma / (1 + "
-        "k_t), k_t the samples a pair has had in expectation before round t (a pair the "
-        "pull reads counts recheck's: the sum of max(p_tau, recheck))",
+    gamma_decay: Literal["none", "sqrt"] | None = _key(
+        "W step schedule: constant gamma (paper), or gamma / sqrt(1 + k_t), k_t the "
+        "samples a pair has had in expectation before round t (a pair the pull reads "
+        "counts recheck's: the sum of max(p_tau, recheck))",
         "gamma_decay",
     )
     pull: Literal["sum", "mean"] | None = _key(
-        "Eq. (2)'s penalty: rho sum_j w_ij (x_i - x_j) (paper), or toward the W-weighted "
-        "mean of x_i and its collaborators (rows divided by max(1, sum_j w_ij), w_ii = 1 "
-        "in the box domain)",
+        "Eq. (2)'s penalty: rho sum_j w_ij (x_i - x_j) on the current models, beside the "
+        "gradient step (paper); or mean, toward the W-weighted mean of x_i and its "
+        "collaborators (rows divided by max(1, sum_j w_ij), w_ii = 1 in the box domain) "
+        "on the stepped models x - lr g (adapt then combine, as diffusion methods order "
+        "it: the pull also averages the step's gradient noise)",
         "pull",
-    )
-    pull_at: Literal["current", "stepped"] | None = _key(
-        "where Eq. (3)'s pull acts: on the current models x^t, beside the gradient step "
-        "(paper), or on the stepped models x^t - lr g (adapt then combine, as diffusion "
-        "methods order it: the pull also averages the step's gradient noise)",
-        "pull_at",
     )
     sampling: Sampling | None = _key("edge sampling strategy", "sampling")
     domain: Domain = Field(default="box", description="W's domain: box [0,1] or simplex rows")
@@ -239,15 +235,12 @@ class CoBoConfig(MethodConfig):
         gt=0,
         lt=1,
     )
-    initial_weight: float | None = _share(
-        "box domain: W^0's entries between clients (w_ii = 1): 1 pulls every pair until "
-        "it is measured misaligned (Algorithm 1), a value below pull_threshold only the "
-        "pairs measured aligned",
-        "initial_weight",
-    )
     pull_threshold: float | None = _share(
         "box domain: collaborators whose w_ij is below this are left out of Eq. (3)'s "
-        "pull (many small cross-cluster weights add up to a large share of a row's pull)",
+        "pull (many small cross-cluster weights add up to a large share of a row's pull); "
+        "with a threshold W^0 between clients is 0, so a pair pulls once it has been "
+        "measured aligned, and without one 1, so every pair pulls until it is measured "
+        "misaligned (Algorithm 1)",
         "pull_threshold",
     )
     recheck: float | None = _share(
@@ -264,15 +257,10 @@ class CoBoConfig(MethodConfig):
         "(and above 0) falls by fade * pull_threshold * p_t, p_t a pair's sampling rate "
         "that round, whether or not the pair is sampled, so a weight that one early "
         "sample left below the threshold, and the pull does not read, returns to 0, while "
-        "a pair whose scores stay above that still climbs (0: kept as learned)",
+        "a pair whose scores stay above that still climbs; past 160 present clients n, "
+        "grown as n / 160 (a row's pairs across the clusters, and so the residue their "
+        "small late gains leave below the threshold, grow as n; 0: kept as learned)",
         "fade",
-        ge=0,
-    )
-    fade_clients: int | None = _key(
-        "with fade: past this many present clients n the fade grows as n / fade_clients "
-        "(a row's pairs across the clusters, and so the residue their small late gains "
-        "leave below the threshold, grow as n; 0: the same fade at every n)",
-        "fade_clients",
         ge=0,
     )
     closure: float | None = _share(
@@ -389,6 +377,13 @@ def pull_cut(view: CoBoConfig | PresetView) -> float | None:
     """The pull's threshold on w_ij as ``view`` gives the settings (None: none)."""
     cut = float(view.pull_threshold or 0.0) if view.domain == "box" else 0.0
     return cut or None
+
+
+def initial_weight(view: CoBoConfig | PresetView) -> float:
+    """The box domain's W^0 between clients: 0 where the pull has a threshold (a pair
+    pulls once it has been measured aligned), 1 without one (Algorithm 1: every pair
+    pulls until it is measured misaligned)."""
+    return 0.0 if pull_cut(view) else 1.0
 
 
 class PresetView:

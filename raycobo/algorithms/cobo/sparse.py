@@ -1,7 +1,7 @@
 """CoBo's box-domain W at large n: a constant plus the entries that differ from it.
 
 With the box domain W starts at a constant off the diagonal (W^0: 1 in Algorithm 1, 0
-with rule raycobo's ``initial_weight``) and 1 on it, and Eq. (1) only changes the
+where the pull has a threshold, as in preset raycobo) and 1 on it, and Eq. (1) only changes the
 sampled entries, so W = base (1 1^T - I) + diag I + D with D nonzero only on edges
 sampled so far. Storing D as sorted (i < j) keys costs O(stored entries) memory instead
 of O(n^2), and the model step's W X = base (1^T X) + (diag - base) X + D X costs

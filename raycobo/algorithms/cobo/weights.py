@@ -85,8 +85,7 @@ def read_pairs(W: Weights, threshold: float, active: torch.Tensor | None = None)
         raise ConfigError(
             f"invalid config key 'algorithm.recheck': with a sparse W every pair at W^0 "
             f"({read.base:g}) is pulled, so all n^2 / 2 would be re-sampled; set "
-            "algorithm.initial_weight below algorithm.pull_threshold, or recheck: 0 "
-            "(and closure: 0)"
+            "algorithm.pull_threshold above 0 (W^0 is then 0), or recheck: 0 (and closure: 0)"
         )
     if active is not None:
         present = active.to(pairs.device)

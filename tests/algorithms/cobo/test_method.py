@@ -120,8 +120,8 @@ def test_the_raycobo_rule_by_hand_over_two_rounds():
     cfg = CoBoConfig(lr=0.1, sampling="full")
     algo = CoBo(cfg, rounds=10, seed=0)
     c = algo.cfg
-    got = (c.alignment, c.cosine_floor, c.gamma, c.gamma_decay, c.pull, c.initial_weight)
-    assert got == ("bounded", 0.3, 3.0, "sqrt", "mean", 0.0) and c.pull_at == "stepped"
+    got = (c.alignment, c.cosine_floor, c.gamma, c.gamma_decay, c.pull, algo.w0)
+    assert got == ("bounded", 0.3, 3.0, "sqrt", "mean", 0.0)
     assert algo.pull.threshold == 0.5 and algo.pull.rho_for(3) == pytest.approx(5.0)
     mu, a = torch.tensor(mus), torch.tensor([1.0, 2.0, 0.5])
     X = torch.tensor([[4.0, 1.0], [-1.0, 3.0], [-1.2, -0.8]])
@@ -261,7 +261,7 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path, fade):
             assert torch.equal(state.X[5], ops.initial_params())  # untouched while away
             assert algo.step_in(state, t).clock is None  # no late joiner yet
             state = algo.join(state, [5], t)
-            w0 = algo.cfg.initial_weight  # W^0 again: 1 on the diagonal, W^0 elsewhere
+            w0 = algo.w0  # W^0 again: 1 on the diagonal, W^0 elsewhere
             assert state.W[5, 5] == 1 and bool((state.W[5, :5] == w0).all())
             assert bool((state.W[:5, 5] == w0).all())
             assert state.joined.tolist() == [0, 0, 0, 0, 0, 40]

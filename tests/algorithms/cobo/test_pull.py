@@ -31,9 +31,9 @@ def test_fused_step_equals_equation_3():
 
 
 @pytest.mark.parametrize("pull", ["mean", "sum"])
-def test_the_stepped_pull_acts_on_the_models_after_their_gradient_step(pull):
-    """pull_at stepped: Eq. (3)'s pull on y = x - lr g instead of x (dense and sparse W
-    alike, thresholded too); pull_at current is Eq. (3) as printed."""
+def test_the_mean_pull_acts_on_the_models_after_their_gradient_step(pull):
+    """The mean pull: Eq. (3)'s pull on y = x - lr g instead of x (dense and sparse W
+    alike, thresholded too); the summed pull is Eq. (3) as printed."""
     from raycobo.algorithms.cobo import penalized_step, pull_weights
 
     g = torch.Generator().manual_seed(3)
@@ -46,13 +46,12 @@ def test_the_stepped_pull_acts_on_the_models_after_their_gradient_step(pull):
     dense = sparse.to_dense()
     P = pull_weights(dense, pull, 0.3)
     Y = X - lr * G
-    want = Y - lr * rho * (P.sum(dim=1, keepdim=True) * Y - P @ Y)
-    got = penalized_step(X, G, dense, lr, rho, pull, 0.3, "stepped")
-    assert_close(got, want)
-    assert_close(penalized_step(X, G, sparse, lr, rho, pull, 0.3, "stepped"), want)
+    stepped = Y - lr * rho * (P.sum(dim=1, keepdim=True) * Y - P @ Y)
     printed = X - lr * (G + rho * (P.sum(dim=1, keepdim=True) * X - P @ X))
-    assert_close(penalized_step(X, G, dense, lr, rho, pull, 0.3, "current"), printed)
-    assert not torch.allclose(got, printed)
+    assert not torch.allclose(stepped, printed)
+    want = stepped if pull == "mean" else printed
+    assert_close(penalized_step(X, G, dense, lr, rho, pull, 0.3), want)
+    assert_close(penalized_step(X, G, sparse, lr, rho, pull, 0.3), want)
 
 
 def test_the_mean_pull_agrees_between_dense_and_sparse_w():
@@ -67,9 +66,10 @@ def test_the_mean_pull_agrees_between_dense_and_sparse_w():
     dense = sparse.to_dense()
     want = penalized_step(X, G, dense, 0.1, 2.0, "mean")
     assert_close(penalized_step(X, G, sparse, 0.1, 2.0, "mean"), want)
-    # the pull is toward the weighted mean of x_i and its collaborators
-    target = (dense @ X) / dense.sum(dim=1, keepdim=True)
-    assert_close(want, X - 0.1 * (G + 2.0 * (X - target)))
+    # the pull is toward the weighted mean of y_i = x_i - lr g_i and its collaborators
+    Y = X - 0.1 * G
+    target = (dense @ Y) / dense.sum(dim=1, keepdim=True)
+    assert_close(want, Y - 0.1 * 2.0 * (Y - target))
 
 
 @pytest.mark.parametrize("pull", ["mean", "sum"])
@@ -97,9 +97,9 @@ def test_the_pull_threshold_leaves_weak_edges_out_dense_and_sparse(pull):
 
 @pytest.mark.parametrize("pull", ["mean", "sum"])
 def test_w0_below_one_agrees_between_dense_and_sparse_w(pull):
-    """initial_weight: W^0 between clients (w_ii = 1). A sparse W started at 0 gives the
-    dense W's step (thresholded or not), its degree and its export; the pairs never
-    sampled do not pull."""
+    """W^0 between clients below 1 (w_ii = 1; 0 with a pull threshold). A sparse W
+    started at 0 gives the dense W's step (thresholded or not), its degree and its
+    export; the pairs never sampled do not pull."""
     from raycobo.algorithms.cobo import initial_weights, penalized_step
 
     g = torch.Generator().manual_seed(2)

@@ -28,15 +28,9 @@ def test_the_paper_preset_is_algorithm_1_and_a_key_set_wins():
     of raycobo's additions; a key set explicitly wins over its preset."""
     algo = CoBo(CoBoConfig(preset="paper"), rounds=10, seed=0)
     c = algo.cfg
-    assert (c.alignment, c.gamma, c.gamma_decay, c.pull, c.pull_at) == (
-        "inner",
-        0.01,
-        "none",
-        "sum",
-        "current",
-    )
-    assert (c.initial_weight, c.recheck, c.fade, c.closure, c.alignment_batches) == (1, 0, 0, 0, 1)
-    assert algo.pull.threshold == 0.0
+    assert (c.alignment, c.gamma, c.gamma_decay, c.pull) == ("inner", 0.01, "none", "sum")
+    assert (algo.w0, c.recheck, c.fade, c.closure, c.alignment_batches) == (1, 0, 0, 0, 1)
+    assert algo.pull.threshold == 0.0 and algo.pull.at == "current"
     algo = CoBo(CoBoConfig(preset="paper", gamma=0.2, pull="mean"), rounds=10, seed=0)
     assert (algo.cfg.gamma, algo.cfg.pull, algo.cfg.alignment) == (0.2, "mean", "inner")
 
@@ -54,7 +48,7 @@ def test_the_authors_preset_is_their_code():
         "independent",
         "mixed_sqrt",
     )
-    assert (c.gamma, c.pull, c.initial_weight) == (0.01, "sum", 1.0)
+    assert (c.gamma, c.pull, algo.w0) == (0.01, "sum", 1.0)
     assert algo.plan_refusal() is not None and algo.rows_refusal() is not None
     pinned = CoBoConfig(preset="authors").pinned()
     assert (pinned.momentum, pinned.order, pinned.preset) == (0.9, "models_first", "authors")
@@ -148,15 +142,13 @@ def test_configs_of_other_versions_are_refused_naming_both(tmp_path):
     assert load_stored_config(path).algorithm.preset == "raycobo"
 
 
-def test_initial_weight_and_pull_strength_apply_where_they_act():
-    """initial_weight is a box-domain key, pull_strength a key of the mean pull with rho
-    auto: elsewhere they would do nothing and are refused with one line."""
+def test_pull_strength_applies_where_it_acts():
+    """pull_strength is a key of the mean pull with rho auto: elsewhere it would do
+    nothing and is refused with one line."""
     algo = CoBo(CoBoConfig(), 10, 0)
-    assert (algo.cfg.initial_weight, algo.cfg.pull_strength) == (0.0, 0.5)
-    assert CoBo(CoBoConfig(preset="paper"), 10, 0).cfg.initial_weight == 1.0
+    assert algo.cfg.pull_strength == 0.5
     assert CoBo(CoBoConfig(pull_strength=0.3, lr=0.1), 10, 0).pull.rho_for(5) == pytest.approx(3)
     for bad, key, why in [
-        (["algorithm.domain=simplex", "algorithm.initial_weight=0"], "initial_weight", "domain"),
         (["algorithm.pull=sum", "algorithm.pull_strength=0.3"], "pull_strength", "pull: mean"),
         (["algorithm.preset=paper", "algorithm.pull_strength=0.3"], "pull_strength", "pull: mean"),
         (["algorithm.rho=2", "algorithm.pull_strength=0.3"], "pull_strength", "rho: auto"),
@@ -165,9 +157,34 @@ def test_initial_weight_and_pull_strength_apply_where_they_act():
         with pytest.raises(ConfigError, match=f"algorithm.{key}.*{why}"):
             load_config(None, bad)
     assert CoBoConfig(rho=2.0).effective()["pull_strength"] is None
-    assert CoBoConfig(domain="simplex").effective()["initial_weight"] is None
-    pinned = CoBoConfig().pinned().model_dump(mode="json")
-    assert (pinned["initial_weight"], pinned["pull_strength"]) == (0.0, 0.5)
+    assert CoBoConfig().pinned().model_dump(mode="json")["pull_strength"] == 0.5
+
+
+def test_w0_and_where_the_pull_acts_follow_the_pull():
+    """W^0 between clients is 0 where the pull has a threshold and 1 without one; the
+    mean pull acts on the stepped models, the summed one on the current models. The
+    keys that set them apart until raycobo 0.7.0 are refused in one line that says so."""
+    cases = [
+        ({}, 0.0, "stepped"),  # raycobo: threshold 0.5, mean
+        ({"pull_threshold": 0.0}, 1.0, "stepped"),
+        ({"preset": "paper"}, 1.0, "current"),
+        ({"preset": "paper", "pull_threshold": 0.3, "pull": "mean"}, 0.0, "stepped"),
+        ({"domain": "simplex"}, 1.0, "stepped"),  # no threshold there (W^0 uniform rows)
+    ]
+    for keys, w0, at in cases:
+        algo = CoBo(CoBoConfig(**keys), 10, 0)
+        assert (algo.w0, algo.pull.at) == (w0, at), keys
+    for key, says in [
+        ("pull_at=current", "pull: mean acts on the stepped models"),
+        ("initial_weight=1", "W\\^0 between clients is 0 where the pull has a threshold"),
+        ("fade_clients=0", "the fade grows as n / 160 past 160"),
+    ]:
+        name = key.split("=")[0]
+        with pytest.raises(ConfigError, match=f"{name}': removed in raycobo 0.7.0: {says}"):
+            load_config(None, [f"algorithm.{key}"])
+    # gamma / (1 + k_t), which no preset used, went with them
+    with pytest.raises(ConfigError, match="algorithm.gamma_decay.*'none' or 'sqrt'"):
+        load_config(None, ["algorithm.gamma_decay=linear"])
 
 
 def test_recheck_is_a_box_domain_key():

@@ -161,37 +161,23 @@ def test_fade_returns_the_weights_below_the_threshold_to_zero():
     assert pinned["fade"] == 1.0  # written out where it acts
 
 
-def test_fade_clients_grows_the_fade_with_the_clients_present():
-    """fade_clients k: past k present clients the fade grows as n / k (the same per
-    expected sample at k and below); a client away does not count. Refused without a
-    fade; written out only with one."""
-    from raycobo.config import ConfigError, load_config
+def test_the_fade_grows_with_the_clients_present_past_160():
+    """Past FADE_CLIENTS (160) present clients the fade grows as n / 160 (the same per
+    expected sample at 160 and below); a client away does not count."""
+    from raycobo.algorithms.cobo.wstep import FADE_CLIENTS
 
     rounds, t = 400, 7
+    assert FADE_CLIENTS == 160
 
-    def per_sample(cfg: CoBoConfig, n: int, present: int | None = None) -> float:
-        algo = CoBo(cfg, rounds, 0)
+    def per_sample(n: int, present: int | None = None) -> float:
+        algo = CoBo(CoBoConfig(fade=1.0, gamma_decay="none"), rounds, 0)
         state = CoBoState(torch.zeros(n, 1), torch.eye(n))
         if present is not None:
             state.active = torch.arange(n) < present
         amount = algo.fade_at(t, algo.present(state))
         return amount / algo.sampler(algo.present(state)).probability(t)
 
-    grows = CoBoConfig(fade=1.0, fade_clients=16, gamma_decay="none")
-    assert per_sample(grows, 8) == pytest.approx(0.5)  # fade * threshold
-    assert per_sample(grows, 16) == pytest.approx(0.5)
-    assert per_sample(grows, 40) == pytest.approx(0.5 * 40 / 16)
-    assert per_sample(grows, 40, present=20) == pytest.approx(0.5 * 20 / 16)
-    flat = CoBoConfig(fade=1.0, gamma_decay="none")
-    assert per_sample(flat, 40) == pytest.approx(0.5)  # rule raycobo: 0, the same at every n
-    assert per_sample(CoBoConfig(fade=1.0, fade_clients=0), 40) == pytest.approx(0.5)
-
-    with pytest.raises(ConfigError, match="algorithm.fade_clients.*algorithm.fade"):
-        load_config(None, ["algorithm.fade=0", "algorithm.fade_clients=160"])
-    with pytest.raises(ConfigError, match="algorithm.fade_clients.*algorithm.fade"):
-        load_config(None, ["algorithm.preset=paper", "algorithm.fade_clients=160"])
-    with pytest.raises(ConfigError, match="algorithm.fade_clients.*domain"):
-        load_config(None, ["algorithm.domain=simplex", "algorithm.fade_clients=160"])
-    assert CoBoConfig(preset="paper").pinned().fade_clients is None
-    pinned = CoBoConfig(fade=1.0, fade_clients=160).pinned().model_dump(mode="json")
-    assert pinned["fade_clients"] == 160
+    assert per_sample(8) == pytest.approx(0.5)  # fade * threshold
+    assert per_sample(160) == pytest.approx(0.5)
+    assert per_sample(400) == pytest.approx(0.5 * 400 / 160)
+    assert per_sample(400, present=200) == pytest.approx(0.5 * 200 / 160)

@@ -321,11 +321,11 @@ def test_host_resident_cobo_matches_the_local_engine(
     """engine.rounds=resident: models stay in the hosts, pairs straddle hosts (clients 0-2 on
     host 0, 3-4 on host 1), and X, W and the evaluations equal the local engine's; with
     CoBo's recheck at 0.5 too (round t's pairs then read W^t: no round is sent ahead),
-    with the pull on the current models (the default pulls the stepped ones, which
-    phase 1 publishes), with each alignment gradient averaged over 2 minibatches
+    with the summed pull on the current models (the default mean pull acts on the
+    stepped ones, which phase 1 publishes), with each alignment gradient averaged over 2 minibatches
     (the hosts request and average them), and with
     fade (every round the hosts' rows and the coordinator's W lower the weights below
-    the threshold alike, by an amount grown with the clients present: fade_clients),
+    the threshold alike),
     and with closure (round t's pairs two pulled steps apart,
     drawn by the coordinator from W^t), and with every pair scored in round 0
     (start_all_pairs)."""
@@ -334,7 +334,7 @@ def test_host_resident_cobo_matches_the_local_engine(
         if task == "recheck":
             over["algorithm.recheck"] = 0.5
         if task == "current":
-            over["algorithm.pull_at"] = "current"
+            over["algorithm.pull"] = "sum"
         if task == "batches":
             over["algorithm.alignment_batches"] = 2
         cfg = with_overrides(quad_cfg_module, over)
@@ -346,8 +346,8 @@ def test_host_resident_cobo_matches_the_local_engine(
             "algorithm.sampling=constant",
             "algorithm.sampling_c=2",
             f"engine.timeout_s={TIMEOUT}",
-            # fade_clients 2 of 4 clients: the fade at twice its amount, the same on both
-            *(["algorithm.fade=1", "algorithm.fade_clients=2"] if task == "fade" else []),
+            # three times the default fade: the hosts' rows and W lower by the same amount
+            *(["algorithm.fade=3"] if task == "fade" else []),
             *(["algorithm.closure=1"] if task == "closure" else []),
             *(["algorithm.start_all_pairs=true"] if task == "start" else []),
         )
