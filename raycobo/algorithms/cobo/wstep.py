@@ -150,7 +150,6 @@ class Schedule:
     decay: str  # "none" or "sqrt"
     cut: float  # the pull's threshold (0: none)
     fade: float = 0.0  # fade (0: off)
-    fade_clients: int = FADE_CLIENTS  # past this many present clients: n / it (0: never)
 
     def gamma_at(self, sampler: EdgeSampler, t: int, floor: float = 0.0) -> float:
         """Round t's gamma, k_t counting a sampling rate of at least ``floor``."""
@@ -188,11 +187,11 @@ class Schedule:
         """What each weight below the pull's threshold loses in round t: fade * threshold
         * p_t, the same all run long (a pair below the threshold climbs where its mean
         score exceeds fade * threshold / gamma_t, more as gamma_t shrinks, so what early
-        samples left there returns to 0 within the run); past ``fade_clients`` present
-        clients grown as n / fade_clients (a row's pairs across the clusters grow as n)."""
+        samples left there returns to 0 within the run); past ``FADE_CLIENTS`` present
+        clients grown as n / FADE_CLIENTS (a row's pairs across the clusters grow as n)."""
         fade = self.fade
         if not fade or self.cut <= 0:
             return 0.0
-        if self.fade_clients and sampler.n > self.fade_clients:
-            fade *= sampler.n / self.fade_clients
+        if sampler.n > FADE_CLIENTS:
+            fade *= sampler.n / FADE_CLIENTS
         return fade * self.cut * sampler.probability(t)
