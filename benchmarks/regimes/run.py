@@ -264,13 +264,17 @@ def _folded(settings: dict) -> dict:
     """The CoBo keys raycobo 0.7.0 folded into others, at the values those others give
     them now (every CoBo row before 0.7.0 recorded them; ``in_todays_terms`` adds them
     to the settings of 0.7.0 on, so that both compare key for key)."""
+    from types import SimpleNamespace
+
+    from raycobo.algorithms.cobo.pull import on_stepped
+    from raycobo.algorithms.cobo.settings import initial_weight
     from raycobo.algorithms.cobo.wstep import FADE_CLIENTS
 
     box = settings.get("domain", "box") == "box"
-    cut = box and bool(settings.get("pull_threshold"))
+    view = SimpleNamespace(domain="box", pull_threshold=settings.get("pull_threshold"))
     return {
-        "pull_at": "stepped" if settings.get("pull") == "mean" else "current",
-        "initial_weight": (0.0 if cut else 1.0) if box else None,
+        "pull_at": "stepped" if on_stepped(settings.get("pull")) else "current",
+        "initial_weight": initial_weight(view) if box else None,
         "fade_clients": FADE_CLIENTS if settings.get("fade") else None,
     }
 
