@@ -111,10 +111,12 @@ class DataConfig(_Section):
         default=1.0, gt=0, le=1, description="share of the test split evaluated on"
     )
     augment: bool = Field(default=False, description="images: random crops and flips")
-    feature_shift: Literal["none", "rotate"] = Field(
+    feature_shift: Literal["none", "rotate", "permute"] = Field(
         default="none",
-        description="rotate: cluster k's images turned by the k-th of the square's 8 "
-        "symmetries (0-270 degrees, then transposed): clusters that differ in their inputs",
+        description="clusters that differ in their inputs: cluster k's transformed by the "
+        "k-th transform (cluster 0's: none). rotate: the square's 8 symmetries (0-270 "
+        "degrees, then transposed); permute: the k-th fixed permutation of the pixels "
+        "(permuted MNIST)",
     )
     num_samples: int | None = Field(default=None, ge=10, description="mnist1d size")
     partition: PartitionConfig = Field(

@@ -94,7 +94,8 @@ def _check_keys(data: DataConfig) -> None:
             )
     if data.feature_shift != "none" and (data.name in SYNTHETIC or data.name in TEXT):
         raise ConfigError(
-            f"invalid config key 'data.feature_shift': {data.name} has no images to transform"
+            f"invalid config key 'data.feature_shift': {data.name} has no images or features "
+            "to transform"
         )
     builtin = data.name in DATASETS or data.name in SYNTHETIC or data.name in TEXT
     if data.options and builtin:

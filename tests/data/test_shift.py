@@ -1,5 +1,6 @@
-"""Feature shift: each cluster's inputs turned by its own symmetry of the square, the
-labels as the partition made them; refused where it would do nothing or cannot act."""
+"""Feature shift: each cluster's inputs turned by its own symmetry of the square, or its
+pixels in their own fixed order, the labels as the partition made them; refused where it
+would do nothing or cannot act."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from raycobo.config import ConfigError, load_config
 from raycobo.data import load_data
 from raycobo.data.partition import partition
-from raycobo.data.shift import shift_features, symmetry
+from raycobo.data.shift import permutation, shift_features, symmetry
 from tests.data.test_partitions import cfg_with, raw
 
 
@@ -77,7 +78,7 @@ def test_a_mixture_of_label_and_feature_shift_and_the_loaded_digits():
 @pytest.mark.parametrize(
     ("over", "message"),
     [
-        (["data.name=quadratic"], "quadratic has no images"),
+        (["data.name=quadratic"], "quadratic has no images or features"),
         (["data.name=mnist1d", "data.num_samples=400"], "square CxHxW images"),
         (["data.partition.kind=dirichlet", "data.partition.num_clients=4"], "no clusters"),
         (["data.partition.num_clusters=9", "data.partition.clients_per_cluster=1"], "9 clusters"),
@@ -100,3 +101,62 @@ def test_the_fraction_note_knows_clusters_draws_per_cluster():
 
     assert notes("clusters") == [] and notes("label_permutation") == []
     assert "each cluster's share" in notes("dirichlet")[0]
+
+
+def test_permute_moves_each_clusters_pixels_in_its_own_fixed_order():
+    """On a 1x2x2 image and a two-channel one: cluster 0 sees its inputs as they are; any
+    other cluster a permutation of their positions, the same on every channel, the same
+    in every call, and another for each cluster; a sequence (N, C, L) or (N, L) too."""
+    x = torch.arange(2 * 2 * 3 * 3, dtype=torch.float32).reshape(2, 2, 3, 3)
+    assert torch.equal(permutation(x, 0), x)
+    orders = []
+    for k in (1, 2, 3):
+        y = permutation(x, k)
+        assert torch.equal(y, permutation(x, k))  # fixed: k alone decides it
+        flat_x, flat_y = x.reshape(2, 2, 9), y.reshape(2, 2, 9)
+        # a permutation of the positions: each output position holds an input's value
+        order = [flat_x[0, 0].tolist().index(v) for v in flat_y[0, 0].tolist()]
+        assert sorted(order) == list(range(9)) and order != list(range(9))
+        assert torch.equal(flat_y, flat_x[..., order])  # every sample, every channel
+        orders.append(tuple(order))
+    assert len(set(orders)) == 3
+    seq = torch.randn(5, 1, 40)
+    assert torch.equal(permutation(seq, 2).squeeze(1), permutation(seq.squeeze(1), 2))
+
+
+def test_permute_on_the_loaded_digits_and_mnist1d_keeps_clients_and_labels():
+    """permute through load_data: the same clients, labels and validation parts as
+    without it, each cluster's images in its own order (train and test); mnist1d's
+    sequences take it too, where rotate refuses them."""
+    data = load_data(load_config(None, [*DIGITS4, "data.feature_shift=permute"]))
+    plain = load_data(load_config(None, DIGITS4))
+    for c in range(4):
+        k = data.clusters[c]
+        assert torch.equal(data.train_y[c], plain.train_y[c])
+        assert torch.equal(
+            data.train_x[data.train_idx[c]], permutation(plain.train_x[plain.train_idx[c]], k)
+        )
+        assert torch.equal(
+            data.test_x[data.test_idx[c]], permutation(plain.test_x[plain.test_idx[c]], k)
+        )
+    assert data.val_sizes == plain.val_sizes
+    seq = ["data.name=mnist1d", "data.num_samples=400"]
+    shifted = load_data(load_config(None, [*seq, "data.feature_shift=permute"]))
+    base = load_data(load_config(None, seq))
+    c = shifted.clusters.index(1)
+    assert torch.equal(
+        shifted.train_x[shifted.train_idx[c]], permutation(base.train_x[base.train_idx[c]], 1)
+    )
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        (["data.name=quadratic"], "quadratic has no images or features"),
+        (["data.partition.kind=dirichlet", "data.partition.num_clients=4"], "no clusters"),
+    ],
+)
+def test_permute_is_refused_where_it_cannot_act(over, message):
+    cfg = load_config(None, ["data.name=digits", "data.feature_shift=permute", *over])
+    with pytest.raises(ConfigError, match=rf"'data.feature_shift'.*{message}"):
+        load_data(cfg)
