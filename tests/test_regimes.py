@@ -481,6 +481,14 @@ def test_the_diagnosis_replaces_w_after_every_step():
     full = diagnose.replaced(W, "full-recall", blocks)
     assert full[0, 1] == 1.0 and full[0, 2] == 0.7 and full[1, 2] == 0.2
     assert torch.equal(diagnose.replaced(W, "learned", blocks), W)
+    assert torch.equal(diagnose.replaced(W, "found", blocks), blocks)
+    # the groups a W's pulled pairs join: 0-2 at 0.7 (1 alone) with a cut of 0.5; 0-1-2
+    # through 0-2 and 1-2 without one; w_ij counts where only one of w_ij, w_ji is pulled
+    assert diagnose.found_groups(W, 0.5) == [0, 1, 0]
+    assert diagnose.found_groups(W, 0.0) == [0, 0, 0]
+    chain = torch.eye(5)
+    chain[3, 1] = chain[1, 4] = 0.9  # 1-3, 1-4: one group through 1; 0 and 2 alone
+    assert diagnose.found_groups(chain, 0.5) == [0, 1, 2, 1, 1]
 
     # the patch itself: CoBo's W step, then W replaced (on a 3-client W)
     from raycobo.algorithms import build_algorithm
@@ -496,6 +504,9 @@ def test_the_diagnosis_replaces_w_after_every_step():
     assert counts == [1] and torch.equal(W, stepped * blocks)
     with pytest.raises(ValueError, match="no W step"), diagnose.w_replaced("true", [0, 0, 1]):
         pass
+    no_groups = pytest.raises(ValueError, match="groups a learned run")
+    with no_groups, diagnose.w_replaced("found", [0, 0, 1]):
+        pass
 
     # a run carries it: the true blocks from the first step beat the learned W, which
     # pulled a cross-cluster pair early (quad-2x2, 10 rounds: loss 0.365 vs 0.393)
@@ -504,6 +515,11 @@ def test_the_diagnosis_replaces_w_after_every_step():
     true = diagnose.run_mode(cell, "test", 0, "true", threads=1, rounds=10)
     assert learned["cross_pulled_max"] >= 1
     assert true["loss"] < learned["loss"]
+    # found: the blocks of the groups the learned W ended with (here the true clusters'),
+    # so it runs as true does, bit for bit
+    assert learned["groups"] == [0, 0, 1, 1]
+    found = diagnose.run_mode(cell, "test", 0, "found", 1, rounds=10, groups=learned["groups"])
+    assert found["loss"] == true["loss"]
 
 
 def test_the_score_separation_is_measured_on_one_minibatch_and_on_a_mean():

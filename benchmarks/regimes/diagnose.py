@@ -7,6 +7,10 @@ the defaults run again with their learned W replaced, after every W step, by
   clusters is ever pulled; the pairs inside a cluster as learned);
 - ``full-recall``: the learned W with every pair inside a cluster raised to 1 (every
   pair of a cluster pulled from the first W step; the cross-cluster pairs as learned);
+- ``found``: the blocks of the groups the learned W ends with (the connected parts of
+  its pulled pairs; the same seed run with ``learned`` first), from the first W step:
+  beside ``true``, what CoBo's own grouping costs where it differs from the clusters
+  (e.g. two clusters it joins), apart from the cost of learning W;
 
 and, for each run, how many cross-cluster pairs the learned W put into the pull (at or
 above ``pull_threshold``), on average over the W steps and at most (in the other modes:
@@ -41,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 # run.py's functions by path, not as a module named ``run`` (the fidelity suite has one)
 regimes = SimpleNamespace(**runpy.run_path(str(HERE / "run.py")))
 
-MODES = ("learned", "true", "no-cross", "full-recall")
+MODES = ("learned", "true", "no-cross", "full-recall", "found")
 
 
 def true_blocks(clusters: list[int]):
@@ -51,12 +55,35 @@ def true_blocks(clusters: list[int]):
     return (c[:, None] == c[None, :]).float()
 
 
+def found_groups(W, cut: float) -> list[int]:
+    """The groups W's pulled pairs (w_ij >= ``cut``, > 0 with no cut) join, as connected
+    parts: one id per client, numbered in order of their first client."""
+    n = W.shape[0]
+    read = W.ge(cut) if cut > 0 else W.gt(0)
+    pulled = read | read.T
+    group = list(range(n))
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    for i, j in pulled.nonzero().tolist():
+        a, b = root(i), root(j)
+        if a != b:
+            group[max(a, b)] = min(a, b)
+    ids: dict[int, int] = {}
+    return [ids.setdefault(root(i), len(ids)) for i in range(n)]
+
+
 def replaced(W, mode: str, blocks):
-    """The W a mode keeps after a W step (``W``: the step's learned result)."""
+    """The W a mode keeps after a W step (``W``: the step's learned result; ``blocks``:
+    the true clusters', or with ``found`` the found groups')."""
     import torch
 
     B = blocks.to(W.dtype)
-    if mode == "true":
+    if mode in ("true", "found"):
         return B.clone()
     if mode == "no-cross":
         return W * B
@@ -66,17 +93,19 @@ def replaced(W, mode: str, blocks):
 
 
 @contextlib.contextmanager
-def w_replaced(mode: str, clusters: list[int]):
+def w_replaced(mode: str, clusters: list[int], groups: list[int] | None = None):
     """CoBo.apply_scores patched for the runs inside: the learned W's cross-cluster pairs
-    at or above the pull's threshold counted, then W replaced as ``mode`` says. Yields
-    the counts (one per W step); ValueError where no W step went through it (the
-    diagnostic would measure nothing)."""
+    at or above the pull's threshold counted, then W replaced as ``mode`` says (``found``:
+    by the blocks of ``groups``). Yields the counts (one per W step); ValueError where no
+    W step went through it (the diagnostic would measure nothing)."""
     import torch
 
     from raycobo.algorithms.cobo import CoBo, pull_weights
 
-    blocks = true_blocks(clusters)
-    across = ~blocks.bool()
+    across = ~true_blocks(clusters).bool()
+    if mode == "found" and groups is None:
+        raise ValueError("mode found needs the groups a learned run ended with")
+    blocks = true_blocks(groups if mode == "found" else clusters)
     counts: list[int] = []
     original = CoBo.apply_scores
 
@@ -99,11 +128,22 @@ def w_replaced(mode: str, clusters: list[int]):
 
 
 def run_mode(
-    cell: dict, split: str, seed: int, mode: str, threads: int, rounds: int | None = None
+    cell: dict,
+    split: str,
+    seed: int,
+    mode: str,
+    threads: int,
+    rounds: int | None = None,
+    groups: list[int] | None = None,
 ) -> dict:
     """One run of the cell with CoBo's defaults and W replaced as ``mode`` says (``rounds``:
-    fewer than the cell's, for a quick check)."""
+    fewer than the cell's, for a quick check; ``groups``: ``found``'s, from a learned
+    run's ``groups``). The result's ``groups``: those its final W joins."""
+    import numpy as np
+    import torch
+
     from raycobo import api
+    from raycobo.algorithms.cobo.settings import PresetView, pull_cut
 
     cfg = regimes.cell_config(cell, split, seed)
     if (cfg.get("engine") or {}).get("kind", "local") != "local":
@@ -114,9 +154,11 @@ def run_mode(
         cfg["rounds"], cfg["eval_every"] = rounds, rounds
     clusters = clusters_of(cfg)
     with tempfile.TemporaryDirectory(prefix="diagnose-") as out:
-        with w_replaced(mode, clusters) as counts:
+        with w_replaced(mode, clusters, groups) as counts:
             api.run(cfg, out=Path(out) / "run", track=False)
         summary = json.loads((Path(out) / "run" / "summary.json").read_text())
+        W = torch.from_numpy(np.load(Path(out) / "run" / "collaboration.npy"))
+    cut = pull_cut(PresetView(api.load(cfg).algorithm)) or 0.0
     if [c.get("cluster") for c in summary["clients"]] != clusters:
         raise ValueError(f"{cell['id']}: the run's clusters are not its data's")
     return {
@@ -127,6 +169,7 @@ def run_mode(
         "cross_pulled_mean": sum(counts) / len(counts),
         "cross_pulled_max": max(counts),
         "cross_pairs": sum(1 for a in clusters for b in clusters if a != b) // 2,
+        "groups": found_groups(W, cut),
         **regimes.w_shares(summary),
     }
 
@@ -210,10 +253,15 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     base = baselines(cell, args.split, seeds, args.out)
-    results = []
-    for mode in modes:
+    results, learned = [], {}
+    for mode in sorted(modes, key=lambda m: m == "found"):  # found reads learned's groups
         for seed in seeds:
-            r = run_mode(cell, args.split, seed, mode, args.threads)
+            if mode == "found" and seed not in learned:
+                learned[seed] = run_mode(cell, args.split, seed, "learned", args.threads)
+            groups = learned[seed]["groups"] if mode == "found" else None
+            r = run_mode(cell, args.split, seed, mode, args.threads, groups=groups)
+            if mode == "learned":
+                learned[seed] = r
             print(json.dumps(r), flush=True)
             results.append(r)
     print(f"\n{args.cell}, {args.split} split, CoBo with its defaults:\n")
