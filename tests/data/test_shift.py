@@ -61,31 +61,46 @@ DIGITS4 = [
 ]
 
 
-def test_a_mixture_of_label_and_feature_shift_and_the_loaded_digits():
-    """label_permutation with rotate: both shifts; through load_data (digits, a holdout):
-    the same clients, labels and validation parts as without it, the images turned."""
-    data = load_data(load_config(None, [*DIGITS4, "data.feature_shift=rotate"]))
+@pytest.mark.parametrize(("kind", "transform"), [("rotate", symmetry), ("permute", permutation)])
+def test_a_mixture_of_label_and_feature_shift_and_the_loaded_digits(kind, transform):
+    """label_permutation with a feature shift: both shifts; through load_data (digits, a
+    holdout): the same clients, labels and validation parts as without it, each
+    cluster's images transformed by its own transform (train and test)."""
+    data = load_data(load_config(None, [*DIGITS4, f"data.feature_shift={kind}"]))
     plain = load_data(load_config(None, DIGITS4))
     for c in range(4):
         k = data.clusters[c]
         assert torch.equal(data.train_y[c], plain.train_y[c])
         assert torch.equal(
-            data.train_x[data.train_idx[c]], symmetry(plain.train_x[plain.train_idx[c]], k)
+            data.train_x[data.train_idx[c]], transform(plain.train_x[plain.train_idx[c]], k)
+        )
+        assert torch.equal(
+            data.test_x[data.test_idx[c]], transform(plain.test_x[plain.test_idx[c]], k)
         )
     assert data.val_sizes == plain.val_sizes
 
 
+QUADRATIC = ["data.name=quadratic"]
+DIRICHLET = ["data.partition.kind=dirichlet", "data.partition.num_clients=4"]
+
+
 @pytest.mark.parametrize(
-    ("over", "message"),
+    ("kind", "over", "message"),
     [
-        (["data.name=quadratic"], "quadratic has no images or features"),
-        (["data.name=mnist1d", "data.num_samples=400"], "square CxHxW images"),
-        (["data.partition.kind=dirichlet", "data.partition.num_clients=4"], "no clusters"),
-        (["data.partition.num_clusters=9", "data.partition.clients_per_cluster=1"], "9 clusters"),
+        ("rotate", QUADRATIC, "quadratic has no images or features"),
+        ("permute", QUADRATIC, "quadratic has no images or features"),
+        ("rotate", DIRICHLET, "no clusters"),
+        ("permute", DIRICHLET, "no clusters"),
+        ("rotate", ["data.name=mnist1d", "data.num_samples=400"], "square CxHxW images"),
+        (
+            "rotate",
+            ["data.partition.num_clusters=9", "data.partition.clients_per_cluster=1"],
+            "9 clusters",
+        ),
     ],
 )
-def test_rotate_is_refused_where_it_cannot_act(over, message):
-    cfg = load_config(None, ["data.name=digits", "data.feature_shift=rotate", *over])
+def test_a_feature_shift_is_refused_where_it_cannot_act(kind, over, message):
+    cfg = load_config(None, ["data.name=digits", f"data.feature_shift={kind}", *over])
     with pytest.raises(ConfigError, match=rf"'data.feature_shift'.*{message}"):
         load_data(cfg)
 
@@ -104,9 +119,9 @@ def test_the_fraction_note_knows_clusters_draws_per_cluster():
 
 
 def test_permute_moves_each_clusters_pixels_in_its_own_fixed_order():
-    """On a 1x2x2 image and a two-channel one: cluster 0 sees its inputs as they are; any
-    other cluster a permutation of their positions, the same on every channel, the same
-    in every call, and another for each cluster; a sequence (N, C, L) or (N, L) too."""
+    """On two 2-channel 3x3 images: cluster 0 sees its inputs as they are; any other
+    cluster a permutation of their positions, the same on every channel, the same in
+    every call, and another for each cluster; a sequence (N, C, L) or (N, L) too."""
     x = torch.arange(2 * 2 * 3 * 3, dtype=torch.float32).reshape(2, 2, 3, 3)
     assert torch.equal(permutation(x, 0), x)
     orders = []
@@ -124,22 +139,9 @@ def test_permute_moves_each_clusters_pixels_in_its_own_fixed_order():
     assert torch.equal(permutation(seq, 2).squeeze(1), permutation(seq.squeeze(1), 2))
 
 
-def test_permute_on_the_loaded_digits_and_mnist1d_keeps_clients_and_labels():
-    """permute through load_data: the same clients, labels and validation parts as
-    without it, each cluster's images in its own order (train and test); mnist1d's
-    sequences take it too, where rotate refuses them."""
-    data = load_data(load_config(None, [*DIGITS4, "data.feature_shift=permute"]))
-    plain = load_data(load_config(None, DIGITS4))
-    for c in range(4):
-        k = data.clusters[c]
-        assert torch.equal(data.train_y[c], plain.train_y[c])
-        assert torch.equal(
-            data.train_x[data.train_idx[c]], permutation(plain.train_x[plain.train_idx[c]], k)
-        )
-        assert torch.equal(
-            data.test_x[data.test_idx[c]], permutation(plain.test_x[plain.test_idx[c]], k)
-        )
-    assert data.val_sizes == plain.val_sizes
+def test_permute_takes_mnist1d_sequences_where_rotate_refuses_them():
+    """mnist1d's (N, 1, 40) sequences through load_data: each cluster's steps in its own
+    order."""
     seq = ["data.name=mnist1d", "data.num_samples=400"]
     shifted = load_data(load_config(None, [*seq, "data.feature_shift=permute"]))
     base = load_data(load_config(None, seq))
@@ -147,16 +149,3 @@ def test_permute_on_the_loaded_digits_and_mnist1d_keeps_clients_and_labels():
     assert torch.equal(
         shifted.train_x[shifted.train_idx[c]], permutation(base.train_x[base.train_idx[c]], 1)
     )
-
-
-@pytest.mark.parametrize(
-    ("over", "message"),
-    [
-        (["data.name=quadratic"], "quadratic has no images or features"),
-        (["data.partition.kind=dirichlet", "data.partition.num_clients=4"], "no clusters"),
-    ],
-)
-def test_permute_is_refused_where_it_cannot_act(over, message):
-    cfg = load_config(None, ["data.name=digits", "data.feature_shift=permute", *over])
-    with pytest.raises(ConfigError, match=rf"'data.feature_shift'.*{message}"):
-        load_data(cfg)
