@@ -58,23 +58,12 @@ def true_blocks(clusters: list[int]):
 def found_groups(W, cut: float) -> list[int]:
     """The groups W's pulled pairs (w_ij >= ``cut``, > 0 with no cut) join, as connected
     parts: one id per client, numbered in order of their first client."""
-    n = W.shape[0]
-    read = W.ge(cut) if cut > 0 else W.gt(0)
-    pulled = read | read.T
-    group = list(range(n))
+    import numpy as np
+    from scipy.sparse.csgraph import connected_components  # scikit-learn's own dependency
 
-    def root(i: int) -> int:
-        while group[i] != i:
-            group[i] = group[group[i]]
-            i = group[i]
-        return i
-
-    for i, j in pulled.nonzero().tolist():
-        a, b = root(i), root(j)
-        if a != b:
-            group[max(a, b)] = min(a, b)
-    ids: dict[int, int] = {}
-    return [ids.setdefault(root(i), len(ids)) for i in range(n)]
+    w = np.asarray(W)
+    _, groups = connected_components(w >= cut if cut > 0 else w > 0, directed=False)
+    return groups.tolist()
 
 
 def replaced(W, mode: str, blocks):
@@ -139,9 +128,6 @@ def run_mode(
     """One run of the cell with CoBo's defaults and W replaced as ``mode`` says (``rounds``:
     fewer than the cell's, for a quick check; ``groups``: ``found``'s, from a learned
     run's ``groups``). The result's ``groups``: those its final W joins."""
-    import numpy as np
-    import torch
-
     from raycobo import api
     from raycobo.algorithms.cobo.settings import PresetView, pull_cut
 
@@ -155,9 +141,8 @@ def run_mode(
     clusters = clusters_of(cfg)
     with tempfile.TemporaryDirectory(prefix="diagnose-") as out:
         with w_replaced(mode, clusters, groups) as counts:
-            api.run(cfg, out=Path(out) / "run", track=False)
+            W = api.run(cfg, out=Path(out) / "run", track=False).W
         summary = json.loads((Path(out) / "run" / "summary.json").read_text())
-        W = torch.from_numpy(np.load(Path(out) / "run" / "collaboration.npy"))
     cut = pull_cut(PresetView(api.load(cfg).algorithm)) or 0.0
     if [c.get("cluster") for c in summary["clients"]] != clusters:
         raise ValueError(f"{cell['id']}: the run's clusters are not its data's")
