@@ -56,13 +56,15 @@ def true_blocks(clusters: list[int]):
 
 
 def found_groups(W, cut: float) -> list[int]:
-    """The groups W's pulled pairs (w_ij >= ``cut``, > 0 with no cut) join, as connected
-    parts: one id per client, numbered in order of their first client."""
-    import numpy as np
+    """The groups W's pulled pairs (those the pull reads: ``weights.thresholded``) join,
+    as connected parts: one id per client, numbered in order of their first client."""
+    import torch
     from scipy.sparse.csgraph import connected_components  # scikit-learn's own dependency
 
-    w = np.asarray(W)
-    _, groups = connected_components(w >= cut if cut > 0 else w > 0, directed=False)
+    from raycobo.algorithms.cobo import weights
+
+    pulled = weights.thresholded(torch.as_tensor(W), cut).ne(0)
+    _, groups = connected_components(pulled.numpy(), directed=False)
     return groups.tolist()
 
 
