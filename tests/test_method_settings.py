@@ -15,10 +15,10 @@ from raycobo.config import ConfigError, load_config, with_overrides
 from tests.helpers import CHARACTERISTIC, build, run_rounds
 
 # the branches that read every key: CoBo's mixed sampling reads all three constants, its
-# bounded alignment the cosine's floor, its fade the fade's schedule
+# bounded alignment the cosine's floor
 EXTRA = {
     **CHARACTERISTIC,
-    "cobo": ["algorithm.sampling=mixed", "algorithm.alignment=bounded", "algorithm.fade=0.5"],
+    "cobo": ["algorithm.sampling=mixed", "algorithm.alignment=bounded"],
 }
 
 

@@ -160,31 +160,30 @@ def test_a_row_counts_only_for_the_settings_it_ran():
     its entry still has those settings (a new default runs it again, and the report
     reads the run's last row); rows written before rows recorded settings count."""
     cells = {c["id"]: c for c in regimes.load_cells()}
-    entries = {"cobo": ("cobo", {}), "no-recheck": ("cobo", {"recheck": 0.0})}
+    entries = {"cobo": ("cobo", {}), "g2": ("cobo", {"gamma": 2.0})}
     now = regimes.entry_settings("cobo", {})
-    assert now["pull"] == "mean" and now["recheck"] == 0.02  # the defaults written out
-    assert regimes.entry_settings("cobo", {"recheck": 0.0})["recheck"] == 0.0
+    assert now["pull"] == "mean" and now["gamma"] == 3.0  # the defaults written out
+    assert regimes.entry_settings("cobo", {"gamma": 2.0})["gamma"] == 2.0
     key = ("quad-2x2", "cobo", 0, "test")
-    other = ("quad-2x2", "no-recheck", 0, "test")
+    other = ("quad-2x2", "g2", 0, "test")
 
     def planned(done):
         jobs = regimes.plan_jobs([cells["quad-2x2"]], entries, [0], "test", done)
         return sorted(j["entry"] for j in jobs)
 
-    assert planned({}) == ["cobo", "no-recheck"]
-    assert planned({key: now, other: now}) == ["no-recheck"]
-    assert planned({key: now, other: regimes.entry_settings("cobo", {"recheck": 0.0})}) == []
+    assert planned({}) == ["cobo", "g2"]
+    assert planned({key: now, other: now}) == ["g2"]
+    assert planned({key: now, other: regimes.entry_settings("cobo", {"gamma": 2.0})}) == []
     # a row that recorded no settings predates the keys of OFF_AT: it counts only where
     # they are off (or, as below, inert on the cell)
     assert now["alignment_batches"] == 2
-    assert planned({key: None, other: None}) == ["cobo", "no-recheck"]
-    before = {"alignment_batches": 1, "fade": 0.0, "closure": 0.0, "start_all_pairs": False}
-    previous = {"cobo": ("cobo", before)}
+    assert planned({key: None, other: None}) == ["cobo", "g2"]
+    previous = {"cobo": ("cobo", {"preset": "paper"})}  # none of them: they count
     assert regimes.plan_jobs([cells["quad-2x2"]], previous, [0], "test", {key: None}) == []
-    assert planned({key: {**now, "pull_at": "current"}, other: now}) == ["cobo", "no-recheck"]
+    assert planned({key: {**now, "pull_at": "current"}, other: now}) == ["cobo", "g2"]
     # a key added since, null while off, leaves a row that did not record it valid; set,
     # it does not
-    done = {other: regimes.entry_settings("cobo", {"recheck": 0.0})}
+    done = {other: regimes.entry_settings("cobo", {"gamma": 2.0})}
     assert planned({key: {**now, "a_key_added_later": None}, **done}) == []
     assert planned({key: {**now, "a_key_added_later": 0.08}, **done}) == ["cobo"]
     # a row written before algorithm.rule was renamed preset counts as the same preset
@@ -211,17 +210,17 @@ def test_rows_from_before_the_sample_count_keys_count_where_they_change_nothing(
     (fmnist-800-r1000: about 2 samples a pair; fmnist-400: about 8); 0 is a key off,
     the same as absent."""
     cells = {c["id"]: c for c in regimes.load_cells()}
-    steady = {"fade": 0.0}  # as the rows from before the key ran
-    now = regimes.entry_settings("cobo", steady)
+    now = regimes.entry_settings("cobo", {})
     assert now["sampling_samples"] == 12.0 and "recheck_samples" not in now
     before = {k: v for k, v in now.items() if k != "sampling_samples"}
-    before = {**before, "recheck_samples": 8.0}
+    # as such a row recorded them: the keys raycobo 0.8.0 folded, the fade's schedule
+    before = {**before, **FOLDED_08, "fade_decay": "none", "recheck_samples": 8.0}
     small, large, mid = cells["quad-2x2"], cells["fmnist-800-r1000"], cells["fmnist-400"]
     assert regimes.same_settings(before, now, small)
     assert not regimes.same_settings(before, now, large)
     assert not regimes.same_settings(before, now, mid)
     assert not regimes.same_settings(before, now)  # no cell: not provably the same
-    off = regimes.entry_settings("cobo", {**steady, "sampling_samples": 0.0})
+    off = regimes.entry_settings("cobo", {"sampling_samples": 0.0})
     assert not regimes.same_settings(before, off, large)  # the row's re-checks: x 8 / 1.9
     assert regimes.same_settings(before, off, mid)  # 8 is inert at S = 8.2
     older = {**before, "recheck_samples": 0.0}
@@ -253,7 +252,7 @@ def test_rows_of_raycobo_0_4_count_where_its_removed_keys_change_nothing():
     assert not regimes.same_settings({**old, "sampling_scale_max": 2.0}, now, small)
     pre_schedule = {k: v for k, v in old.items() if k != "fade_decay"}
     assert not regimes.same_settings(pre_schedule, now, small)
-    plain = regimes.entry_settings("cobo", {"recheck": 0.0})  # no re-checks: no target
+    plain = regimes.entry_settings("cobo", {"pull_threshold": 0.0})  # no re-checks: no target
     fixed = {"fade_decay": "none", "sampling_scale_max": 4.0}
     assert regimes.same_settings({**plain, **fixed, "recheck_samples": None}, plain)
 
@@ -265,8 +264,8 @@ def test_rows_without_fade_clients_count_where_the_cell_has_no_more_clients():
     (fmnist-400), nor without a cell to tell."""
     cells = {c["id"]: c for c in regimes.load_cells()}
     now = regimes.entry_settings("cobo", {})  # the defaults: fade 1, closure 0.1
-    assert (now["fade"], now["closure"]) == (1.0, 0.1) and "fade_clients" not in now
-    ran = {**now, "pull_at": "stepped", "initial_weight": 0.0}  # as rows recorded them
+    assert not {"fade", "closure", "fade_clients"} & set(now)
+    ran = {**now, **FOLDED_08, "pull_at": "stepped", "initial_weight": 0.0}  # as recorded
     assert regimes.same_settings(ran, now, cells["fmnist-160"])
     assert regimes.same_settings(ran, now, cells["quad-2x2"])
     assert not regimes.same_settings(ran, now, cells["fmnist-400"])
@@ -279,14 +278,43 @@ def test_rows_before_0_7_count_where_the_folded_keys_had_the_values_they_take_no
     they held the values those keys now give them, and not otherwise."""
     big = {c["id"]: c for c in regimes.load_cells()}["fmnist-400"]
     now = regimes.entry_settings("cobo", {})
-    then = {**now, "pull_at": "stepped", "initial_weight": 0.0, "fade_clients": 160}
+    then = {**now, **FOLDED_08, "pull_at": "stepped", "initial_weight": 0.0, "fade_clients": 160}
     assert regimes.same_settings(then, now, big)
     for key, other in [("pull_at", "current"), ("initial_weight", 1.0), ("fade_clients", 80)]:
         assert not regimes.same_settings({**then, key: other}, now, big), key
     paper = regimes.entry_settings("cobo", {"preset": "paper"})
-    old = {**paper, "pull_at": "current", "initial_weight": 1.0, "fade_clients": None}
+    old = {**paper, **PAPER_08, "pull_at": "current", "initial_weight": 1.0, "fade_clients": None}
     assert regimes.same_settings(old, paper, big)
     assert not regimes.same_settings({**old, "initial_weight": 0.0}, paper, big)
+
+
+# the keys raycobo 0.8.0 folded, as a row of 0.7 recorded them for the defaults and paper
+FOLDED_08 = {"gamma_decay": "sqrt", "fade": 1.0, "recheck": 0.02, "closure": 0.1}
+PAPER_08 = {"gamma_decay": "none", "fade": None, "recheck": 0.0, "closure": None}
+
+
+def test_rows_before_0_8_count_where_the_folded_keys_had_the_values_they_take_now():
+    """raycobo 0.8.0 folded gamma_decay into the score (a floored one decays) and the
+    fade, re-checks and closure into the pull's threshold; a row of 0.7 counts as
+    today's run where they held the values those keys now give them, and not
+    otherwise (also under full sampling, where there was no closure, and in the
+    simplex domain, where none of the three applied)."""
+    big = {c["id"]: c for c in regimes.load_cells()}["fmnist-400"]
+    now = regimes.entry_settings("cobo", {})
+    assert not set(FOLDED_08) & set(now)
+    assert regimes.same_settings({**now, **FOLDED_08}, now, big)
+    for key, other in [("gamma_decay", "none"), ("fade", 0.0), ("recheck", 0.0), ("closure", 0.3)]:
+        assert not regimes.same_settings({**now, **FOLDED_08, key: other}, now, big), key
+    paper = regimes.entry_settings("cobo", {"preset": "paper"})
+    assert regimes.same_settings({**paper, **PAPER_08}, paper, big)
+    assert not regimes.same_settings({**paper, **PAPER_08, "recheck": 0.02}, paper, big)
+    full = regimes.entry_settings("cobo", {"sampling": "full"})
+    assert regimes.same_settings({**full, **FOLDED_08, "closure": None}, full, big)
+    simplex = regimes.entry_settings("cobo", {"domain": "simplex"})
+    nothing = {"gamma_decay": "sqrt", "fade": None, "recheck": None, "closure": None}
+    assert regimes.same_settings({**simplex, **nothing}, simplex, big)
+    cosine = regimes.entry_settings("cobo", {"alignment": "cosine"})
+    assert regimes.same_settings({**cosine, **FOLDED_08, "gamma_decay": "none"}, cosine, big)
 
 
 def test_the_report_leaves_out_rows_the_defaults_no_longer_run():
@@ -300,16 +328,18 @@ def test_the_report_leaves_out_rows_the_defaults_no_longer_run():
         {
             **row,
             "cell": "fmnist-800-r1000",
-            "entry": "tenth-matrix",
+            "entry": "loo-sampling-samples",
             "seed": 0,
-            "settings": regimes.entry_settings("cobo", regimes.load_candidates()["tenth-matrix"]),
+            "settings": regimes.entry_settings(
+                "cobo", regimes.load_candidates()["loo-sampling-samples"]
+            ),
         },
         {**row, "cell": "quad-2x2", "entry": "cobo", "seed": 0},
         {**row, "cell": "fmnist-800-r1000", "entry": "local", "seed": 0, "settings": None},
     ]
     kept, notes = report.current(rows)
     assert [(r["cell"], r["entry"]) for r in kept] == [
-        ("fmnist-800-r1000", "tenth-matrix"),
+        ("fmnist-800-r1000", "loo-sampling-samples"),
         ("quad-2x2", "cobo"),
         ("fmnist-800-r1000", "local"),
     ]

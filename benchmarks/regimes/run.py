@@ -279,13 +279,39 @@ def _folded(settings: dict) -> dict:
     }
 
 
+def _folded_08(settings: dict) -> dict:
+    """The CoBo keys raycobo 0.8.0 folded into others, at the values those others give
+    them now, null where they did not apply (every CoBo row before 0.8.0 recorded them):
+    the step's decay follows the score, the fade, re-checks and closure the threshold."""
+    from types import SimpleNamespace
+
+    from raycobo.algorithms.cobo import settings as rule
+
+    box = settings.get("domain", "box") == "box"
+    view = SimpleNamespace(
+        domain=settings.get("domain", "box"),
+        pull_threshold=settings.get("pull_threshold"),
+        alignment=settings.get("alignment"),
+        sampling=settings.get("sampling"),
+    )
+    return {
+        "gamma_decay": "sqrt" if rule.decays(view) else "none",
+        "fade": rule.fade(view) or None,
+        "recheck": rule.recheck(view) if box else None,
+        "closure": rule.closure(view) or None,
+    }
+
+
 def in_todays_terms(settings: dict) -> dict:
     """Settings as a row recorded them, in the terms ``same_settings`` compares: the
-    keys raycobo 0.7.0 folded into others at the values they now take (``_folded``), the
+    keys raycobo 0.8.0 and 0.7.0 folded into others at the values they now take
+    (``_folded_08``, ``_folded``), the
     re-checks' scale-up target as ``recheck_samples`` (a key until raycobo 0.5.0; since
     then sampling_samples where there are re-checks), and a fade from before
     ``fade_decay`` existed as the decayed one it was."""
     out = dict(settings)
+    if out.get("name") == "cobo" and "pull" in out and "gamma_decay" not in out:  # 0.8.0 on
+        out.update(_folded_08(out))
     if out.get("name") == "cobo" and "pull" in out and "pull_at" not in out:  # 0.7.0 on
         out.update(_folded(out))
     if "recheck_samples" not in out and "sampling_samples" in out:  # 0.5.0 on

@@ -133,10 +133,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 # stored configs start with this line (``Config.to_yaml``); this version reads those that
-# versions from READS_FROM on wrote (0.7.0: CoBo's pull_at, initial_weight and
-# fade_clients are gone, folded into pull, pull_threshold and the fade)
+# versions from READS_FROM on wrote (0.8.0: CoBo's fade, recheck and closure are gone,
+# folded into pull_threshold, and gamma_decay into the score)
 WRITTEN_BY = "# written by raycobo "
-READS_FROM = "0.7.0"
+READS_FROM = "0.8.0"
 
 
 def _release(version: str) -> tuple[int, ...] | None:

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 PLANNERS = {  # the built-ins that plan their rounds, and the FedProx example plugin
     "cobo": ["algorithm.sampling=full"],
     # W's fade acts every round, also in the rounds that sample no pair (p = 1/4 of 6)
-    "cobo-fade": ["algorithm.sampling=constant", "algorithm.sampling_c=1", "algorithm.fade=1"],
+    "cobo-fade": ["algorithm.sampling=constant", "algorithm.sampling_c=1"],
     "fedavg-1": ["algorithm.name=fedavg"],
     "fedavg-3": ["algorithm.name=fedavg", "algorithm.local_steps=3", "algorithm.client_rate=0.5"],
     "fedavg-ft": ["algorithm.name=fedavg_ft", "algorithm.ft_steps=2", "algorithm.local_steps=2"],

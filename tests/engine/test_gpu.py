@@ -64,12 +64,7 @@ def test_local_engine_on_cuda_matches_the_cpu(digits_cfg, name):
     [
         [],  # the defaults: the sampler's draws, re-checks and the W step
         # the fade and the closure's extra pairs, on two sampled pairs a round
-        [
-            "algorithm.sampling=constant",
-            "algorithm.sampling_c=2",
-            "algorithm.fade=0.3",
-            "algorithm.closure=1",
-        ],
+        ["algorithm.sampling=constant", "algorithm.sampling_c=2"],
         ["algorithm.preset=paper"],  # Algorithm 1 as the paper states it
     ],
     ids=["defaults", "fade-closure", "paper"],

@@ -17,7 +17,16 @@ from raycobo.algorithms.cobo.proposals import Closure, Proposals, Rechecks
 from raycobo.algorithms.cobo.pull import Pull
 from raycobo.algorithms.cobo.rows import InRows
 from raycobo.algorithms.cobo.score import FLOORED, initial_scale
-from raycobo.algorithms.cobo.settings import CoBoConfig, PresetView, initial_weight, pull_cut
+from raycobo.algorithms.cobo.settings import (
+    CoBoConfig,
+    PresetView,
+    closure,
+    decays,
+    fade,
+    initial_weight,
+    pull_cut,
+    recheck,
+)
 from raycobo.algorithms.cobo.wstep import Schedule, WStep, update_weights
 from raycobo.algorithms.common import FLOAT
 from raycobo.algorithms.pairs import PairScores, answer_rows, round_bytes
@@ -44,20 +53,14 @@ class CoBo(InRows, Membership):
     def __init__(self, cfg: CoBoConfig, rounds: int, seed: int):
         self.cfg = c = PresetView(cfg)
         self.rounds, self.seed = rounds, seed
-        box = c.domain == "box"
         cut = pull_cut(c) or 0.0
         self.batches = int(c.alignment_batches)
         self.w0 = initial_weight(c)  # W^0 between clients (box domain)
         self.pull = Pull(c.pull, c.lr, c.rho, c.domain, cut, c.pull_strength)
-        fade = float(c.fade or 0.0) if box else 0.0
-        self.schedule = Schedule(c.gamma, c.gamma_decay, cut, fade)
+        self.schedule = Schedule(c.gamma, decays(c), cut, fade(c))
         # the re-checks scale up where the sampler's rates do (sampling_samples)
-        rechecks = Rechecks(
-            float(c.recheck or 0.0) if box else 0.0, float(c.sampling_samples or 0.0)
-        )
-        closes = box and cut > 0 and c.sampling != "full"
-        closure = Closure(float(c.closure or 0.0) if closes else 0.0, cut, seed)
-        self.proposals = Proposals(rechecks, closure, cut, seed)
+        rechecks = Rechecks(recheck(c), float(c.sampling_samples or 0.0))
+        self.proposals = Proposals(rechecks, Closure(closure(c), cut, seed), cut, seed)
 
     # -- the parts, round by round among the present clients ---------------------------
     def sampler(self, n: int) -> EdgeSampler:

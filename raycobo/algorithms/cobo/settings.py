@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from raycobo.algorithms.cobo.score import FLOORED
 from raycobo.algorithms.pairs import ALIGN_BATCHES_MAX, SCORES
 from raycobo.algorithms.samplers import SAMPLINGS
 from raycobo.algorithms.settings import MethodConfig
@@ -43,17 +44,13 @@ register_preset(
     alignment_batches=1,
     cosine_floor=0.3,
     gamma=0.01,
-    gamma_decay="none",
     pull="sum",
     pull_strength=0.2,
     pull_threshold=0.0,
-    recheck=0.0,
     sampling="mixed",
     mixed_switch=0.5,
     start_all_pairs=False,
     sampling_samples=0.0,
-    fade=0.0,
-    closure=0.0,
     momentum=0.0,
     init="shared",
     order="weights_first",
@@ -79,15 +76,11 @@ register_preset(
     alignment="bounded",
     alignment_batches=2,
     gamma=3.0,
-    gamma_decay="sqrt",
     pull="mean",
     pull_strength=0.5,
     pull_threshold=0.5,
-    recheck=0.02,
     start_all_pairs=True,
     sampling_samples=12.0,
-    fade=1.0,
-    closure=0.1,
 )
 PRESET_KEYS = tuple(PRESETS["paper"])
 
@@ -121,6 +114,13 @@ class Needs:
         )
 
 
+# The pull's threshold brings the parts that keep the graph it reads current: W^0 = 0 (a
+# pair pulls once it has been measured aligned, ``initial_weight``), and these rates
+# (what leaving each out cost: docs/explanation/cobo.md, benchmarks/regimes/LOG.md)
+FADE = 1.0  # a weight below the threshold loses FADE x threshold x p_t a round
+RECHECK = 0.02  # a pair the pull reads is sampled at least this often a round
+CLOSURE = 0.1  # each client proposes a collaborator's collaborator this often a round
+
 BOX = Needs("domain", "box")
 EVERY_PAIR = Needs("sampling", "full", differs=True, only_on=True)  # full: nothing skipped
 # when each conditional key applies, in an order where a key's conditions come first
@@ -128,11 +128,8 @@ WHEN: dict[str, tuple[Needs, ...]] = {
     "cosine_floor": (Needs("alignment", "bounded"),),
     "pull_threshold": (BOX,),
     "pull_strength": (Needs("pull", "mean"), Needs("rho", "auto"), BOX),
-    "recheck": (BOX,),
     "start_all_pairs": (EVERY_PAIR,),
     "sampling_samples": (EVERY_PAIR,),
-    "fade": (BOX, Needs("pull_threshold", only_on=True)),
-    "closure": (BOX, Needs("pull_threshold", only_on=True), EVERY_PAIR),
 }
 
 
@@ -177,6 +174,19 @@ class CoBoConfig(MethodConfig):
         "aligned) and 1 without one (Algorithm 1); no preset paired them otherwise",
         "fade_clients": "removed in raycobo 0.7.0: the fade grows as n / 160 past 160 "
         "present clients (no preset set another count)",
+        "gamma_decay": "removed in raycobo 0.8.0: a floored score (alignment: bounded) "
+        "steps by gamma / sqrt(1 + k_t), the others by a constant gamma; no preset paired "
+        "them otherwise",
+        **{
+            key: f"removed in raycobo 0.8.0: {what} wherever the pull has a threshold "
+            "(algorithm.pull_threshold > 0, box domain), and not without one; no preset "
+            "paired them otherwise"
+            for key, what in (
+                ("fade", f"the weights below the threshold fade at {FADE} x threshold x p_t"),
+                ("recheck", f"the pairs the pull reads are re-sampled at least {RECHECK}"),
+                ("closure", f"each client proposes a collaborator's collaborator at {CLOSURE}"),
+            )
+        },
     }
 
     name: Literal["cobo"] = "cobo"
@@ -195,7 +205,9 @@ class CoBoConfig(MethodConfig):
     alignment: str | None = _key(
         "Eq. (1)'s score: inner, the inner product <g_i, g_j> (paper); cosine, its cosine "
         "(scale-free); bounded, the cosine with a floor under its denominator (shrinks as "
-        "the gradients do); or one registered with raycobo.algorithms.cobo.register_score",
+        "the gradients do), whose W step decays as gamma / sqrt(1 + k_t), k_t a pair's "
+        "samples in expectation before round t (the others: a constant gamma); or one "
+        "registered with raycobo.algorithms.cobo.register_score",
         "alignment",
     )
     alignment_batches: int | None = _key(
@@ -211,12 +223,6 @@ class CoBoConfig(MethodConfig):
         "share of the clients' mean squared gradient norm at x^0",
         "cosine_floor",
         gt=0,
-    )
-    gamma_decay: Literal["none", "sqrt"] | None = _key(
-        "W step schedule: constant gamma (paper), or gamma / sqrt(1 + k_t), k_t the "
-        "samples a pair has had in expectation before round t (a pair the pull reads "
-        "counts recheck's: the sum of max(p_tau, recheck))",
-        "gamma_decay",
     )
     pull: Literal["sum", "mean"] | None = _key(
         "Eq. (2)'s penalty: rho sum_j w_ij (x_i - x_j) on the current models, beside the "
@@ -240,35 +246,13 @@ class CoBoConfig(MethodConfig):
         "pull (many small cross-cluster weights add up to a large share of a row's pull); "
         "with a threshold W^0 between clients is 0, so a pair pulls once it has been "
         "measured aligned, and without one 1, so every pair pulls until it is measured "
-        "misaligned (Algorithm 1)",
+        "misaligned (Algorithm 1). A threshold keeps the graph it reads current: the "
+        f"weights below it fade back to 0 (by {FADE:g} x threshold x p_t a round, p_t a "
+        "pair's sampling rate, grown as n / 160 past 160 present clients), the pairs it "
+        f"reads are sampled at least {RECHECK:g} a round (re-checks), and each client "
+        f"proposes a collaborator's collaborator with probability {CLOSURE:g} a round "
+        "(closure)",
         "pull_threshold",
-    )
-    recheck: float | None = _share(
-        "box domain: each pair the pull reads (w_ij >= pull_threshold; > 0 without one) "
-        "is sampled with at least this probability each round (drawn again where the "
-        "sampling strategy's own p_t is lower), so that a pair that one early sample made "
-        "a collaborator is measured again; where the sampling strategy alone samples a "
-        "pair S < sampling_samples times over the run, raised by sampling_samples / S (at "
-        "most 1)",
-        "recheck",
-    )
-    fade: float | None = _key(
-        "box domain, with pull_threshold: each round every weight below the threshold "
-        "(and above 0) falls by fade * pull_threshold * p_t, p_t a pair's sampling rate "
-        "that round, whether or not the pair is sampled, so a weight that one early "
-        "sample left below the threshold, and the pull does not read, returns to 0, while "
-        "a pair whose scores stay above that still climbs; past 160 present clients n, "
-        "grown as n / 160 (a row's pairs across the clusters, and so the residue their "
-        "small late gains leave below the threshold, grow as n; 0: kept as learned)",
-        "fade",
-        ge=0,
-    )
-    closure: float | None = _share(
-        "box domain, with pull_threshold: each round each present client with a "
-        "collaborator the pull reads proposes, with this probability, one client two such "
-        "steps away (a collaborator's collaborator), and that pair is sampled too where "
-        "the pull does not read it yet (at most one extra pair per client a round; 0: off)",
-        "closure",
     )
     weights: Literal["auto", "dense", "sparse"] = Field(
         default="auto",
@@ -291,8 +275,9 @@ class CoBoConfig(MethodConfig):
     sampling_samples: float | None = _key(
         "where the sampling strategy samples a pair fewer than this many times over the "
         "run (S, in expectation: many clients, a short run), its p_t are all multiplied "
-        "by this / S, at most 4 (a round's pairs stay O(n)), and recheck's rate by this "
-        "/ S (0: the strategy's and recheck's own rates)",
+        "by this / S, at most 4 (a round's pairs stay O(n)), and the re-checks' rate "
+        "(with pull_threshold) by this / S (0: the strategy's and the re-checks' own "
+        "rates)",
         "sampling_samples",
         ge=0,
     )
@@ -384,6 +369,33 @@ def initial_weight(view: CoBoConfig | PresetView) -> float:
     pulls once it has been measured aligned), 1 without one (Algorithm 1: every pair
     pulls until it is measured misaligned)."""
     return 0.0 if pull_cut(view) else 1.0
+
+
+def decays(view: CoBoConfig | PresetView) -> bool:
+    """Whether gamma decays as gamma / sqrt(1 + k_t): with a floored score (bounded),
+    whose values lie in [-1, 1] whatever the gradients' scale, so that W averages a
+    pair's noisy samples; a raw inner product (paper) or the plain cosine (the authors'
+    code) steps by a constant gamma."""
+    return view.alignment in FLOORED
+
+
+def fade(view: CoBoConfig | PresetView) -> float:
+    """The fade: each weight below the pull's threshold loses ``fade`` x threshold x
+    p_t a round (``FADE`` where the pull has a threshold, 0 without one)."""
+    return FADE if pull_cut(view) else 0.0
+
+
+def recheck(view: CoBoConfig | PresetView) -> float:
+    """The least rate at which a pair the pull reads is sampled a round (``RECHECK``
+    where the pull has a threshold, 0 without one)."""
+    return RECHECK if pull_cut(view) else 0.0
+
+
+def closure(view: CoBoConfig | PresetView) -> float:
+    """The probability a round that each client with a pulled pair proposes a
+    collaborator's collaborator (``CLOSURE`` where the pull has a threshold and the
+    sampler leaves pairs out, 0 otherwise)."""
+    return CLOSURE if pull_cut(view) and view.sampling != "full" else 0.0
 
 
 class PresetView:

@@ -82,10 +82,10 @@ def read_pairs(W: Weights, threshold: float, active: torch.Tensor | None = None)
     elif read.base == 0:
         pairs = read.nonzero_pairs()
     else:  # every pair never sampled is read too
-        raise ConfigError(
-            f"invalid config key 'algorithm.recheck': with a sparse W every pair at W^0 "
-            f"({read.base:g}) is pulled, so all n^2 / 2 would be re-sampled; set "
-            "algorithm.pull_threshold above 0 (W^0 is then 0), or recheck: 0 (and closure: 0)"
+        raise ValueError(
+            f"read_pairs: every pair of a sparse W at W^0 = {read.base:g} is read, so all "
+            "n^2 / 2 would be listed (the re-checks and closure come with a threshold, "
+            "under which W^0 = 0)"
         )
     if active is not None:
         present = active.to(pairs.device)

@@ -1,6 +1,7 @@
 """Eq. (1)'s step on W: projected gradient ascent on the sampled pairs' scores, with
-the step size's schedule (``gamma_decay``, each pair on its own clock where clients
-joined late) and the fade of the weights the pull does not read."""
+the step size's schedule (gamma / sqrt(1 + k_t) with a floored score, each pair on its
+own clock where clients joined late) and the fade of the weights the pull does not
+read."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ from raycobo.algorithms.samplers import EdgeSampler
 
 
 def _decay(k: torch.Tensor | float):
-    """gamma_decay sqrt's divisor after k expected samples: sqrt(1 + k)."""
+    """The decaying gamma's divisor after k expected samples: sqrt(1 + k)."""
     return torch.sqrt(1.0 + k) if isinstance(k, torch.Tensor) else math.sqrt(1.0 + k)
 
 
 @dataclass(frozen=True)
 class PairClock:
-    """gamma_decay counted on each pair's own clock where clients joined late: a pair's
+    """The decaying gamma counted on each pair's own clock where clients joined late: a pair's
     k_t is the expected samples it has had since the later of its two clients (last)
     joined, so a newcomer's pairs step as a pair does at the start of a run (the round's
     gamma, from the run's k_t, times ``boost``), not with the small gamma of a pair
@@ -141,19 +142,19 @@ FADE_CLIENTS = 160
 @dataclass(frozen=True)
 class Schedule:
     """Eq. (1)'s step sizes and fade, round by round, among n present clients (the
-    sampler ``EdgeSampler`` of those n): gamma divided by sqrt(1 + k_t) (``decay``
-    sqrt; k_t = the samples a pair has had in expectation before round t), so that
+    sampler ``EdgeSampler`` of those n): gamma divided by sqrt(1 + k_t) (``decays``;
+    k_t = the samples a pair has had in expectation before round t), so that
     W is learned early and its late samples, noisy once the models fit their data, move
     it little; and what each weight below the pull's threshold loses a round."""
 
     gamma: float
-    decay: str  # "none" or "sqrt"
+    decays: bool  # gamma / sqrt(1 + k_t) (a floored score), or a constant gamma
     cut: float  # the pull's threshold (0: none)
     fade: float = 0.0  # fade (0: off)
 
     def gamma_at(self, sampler: EdgeSampler, t: int, floor: float = 0.0) -> float:
         """Round t's gamma, k_t counting a sampling rate of at least ``floor``."""
-        if self.decay == "none":
+        if not self.decays:
             return self.gamma
         return self.gamma / _decay(sampler.expected_samples(t, floor))
 
@@ -164,7 +165,7 @@ class Schedule:
         late re-samples of a cluster's pairs, whose scores are then about 0, move their
         weights as little as a pair sampled that often should."""
         gamma = self.gamma_at(sampler, t)
-        if self.decay == "none" or not recheck_floor:
+        if not self.decays or not recheck_floor:
             return WStep(gamma, cut=self.cut)
         pulled = min(gamma, self.gamma_at(sampler, t, recheck_floor))
         if pulled >= gamma:  # the sampler's rate was never below the floor
@@ -175,7 +176,7 @@ class Schedule:
         """Round t's clocks of the pairs whose later client joined after the start
         (``joined``: (n,) the round before which each client last joined); None where
         every pair's is the run's (no late joiner, or gamma not decayed)."""
-        if joined is None or self.decay == "none" or not bool(joined.gt(0).any()):
+        if joined is None or not self.decays or not bool(joined.gt(0).any()):
             return None
         rounds = joined.cpu()
         born = torch.zeros(rounds.shape, dtype=torch.float64)

@@ -4,6 +4,7 @@ Example 2), membership changes, and the effects of its parts in whole runs."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -120,8 +121,8 @@ def test_the_raycobo_rule_by_hand_over_two_rounds():
     cfg = CoBoConfig(lr=0.1, sampling="full")
     algo = CoBo(cfg, rounds=10, seed=0)
     c = algo.cfg
-    got = (c.alignment, c.cosine_floor, c.gamma, c.gamma_decay, c.pull, algo.w0)
-    assert got == ("bounded", 0.3, 3.0, "sqrt", "mean", 0.0)
+    got = (c.alignment, c.cosine_floor, c.gamma, algo.schedule.decays, c.pull, algo.w0)
+    assert got == ("bounded", 0.3, 3.0, True, "mean", 0.0)
     assert algo.pull.threshold == 0.5 and algo.pull.rho_for(3) == pytest.approx(5.0)
     mu, a = torch.tensor(mus), torch.tensor([1.0, 2.0, 0.5])
     X = torch.tensor([[4.0, 1.0], [-1.0, 3.0], [-1.2, -0.8]])
@@ -247,9 +248,10 @@ def test_a_joining_client_finds_its_cluster(quad_cfg, tmp_path, fade):
         "eval_every=40",
         "algorithm.sampling=full",
         "schedule=[{round: 40, join: [5]}, {round: 20, leave: [0]}]",
-        *{None: [], "off": ["algorithm.fade=0"]}[fade],
     )
     data, ops, algo = build(cfg)
+    if fade == "off":  # the schedule part without its fade (the Python API)
+        algo.schedule = replace(algo.schedule, fade=0.0)
     state = algo.init(ops)
     state = algo.leave(state, cfg.initially_absent())
     assert cfg.initially_absent() == [5]
@@ -396,10 +398,10 @@ def test_fade_leaves_w_with_the_weights_the_pull_reads(digits_cfg):
         cfg = digits_cfg(
             "data.partition.clients_per_cluster=4",
             "rounds=100",
-            f"algorithm.fade={fade}",
             "algorithm.start_all_pairs=false",
         )
         data, ops, algo = build(cfg)
+        algo.schedule = replace(algo.schedule, fade=fade)  # the part at that rate
         clusters = data.clusters
         out[fade] = algo.cluster_agreement(run_rounds(algo, ops, 100), clusters)
     assert out[0.0]["mass_inside"] < out[0.0]["mass_pulled_inside"] - 0.03, out

@@ -21,6 +21,18 @@ def recheck_floor(algo: CoBo, n: int) -> float:
     return algo.proposals.rechecks.floor(algo.sampler(n))
 
 
+def at_rates(algo: CoBo, recheck: float | None = None, closure: float | None = None) -> CoBo:
+    """``algo`` with its proposals' parts at other rates (the Python API: the settings
+    give them the threshold's, settings.RECHECK and settings.CLOSURE)."""
+    p = algo.proposals
+    if recheck is not None:
+        p = replace(p, rechecks=replace(p.rechecks, rate=recheck))
+    if closure is not None:
+        p = replace(p, closure=replace(p.closure, rate=closure))
+    algo.proposals = p
+    return algo
+
+
 def test_recheck_resamples_the_pulled_pairs_dense_and_sparse():
     """recheck: each pair the pull reads (w_ij >= the threshold, both present) is
     sampled with probability at least recheck (drawn again where the sampler's p_t is
@@ -44,7 +56,7 @@ def test_recheck_resamples_the_pulled_pairs_dense_and_sparse():
 
     def sampled(recheck, W, t=3):  # the rates as set (S < 8 here)
         keys = {"sampling_c": 1.0, "sampling_samples": 0.0}
-        algo = CoBo(CoBoConfig(recheck=recheck, **keys), rounds=50, seed=0)
+        algo = at_rates(CoBo(CoBoConfig(**keys), rounds=50, seed=0), recheck=recheck)
         return algo.sample_edges(None, t, n, W=W)[0]
 
     plain = CoBo(CoBoConfig(sampling_c=1.0, sampling_samples=0.0), rounds=50, seed=0)
@@ -64,7 +76,7 @@ def test_recheck_resamples_the_pulled_pairs_dense_and_sparse():
     )
     assert 0.24 < hits / (200 * len(want)) < 0.36
     assert torch.equal(sampled(1 / 12, dense), plain)
-    with pytest.raises(Exception, match="algorithm.recheck"):  # W^0 = 1 pulls all n^2 pairs
+    with pytest.raises(ValueError, match="W\\^0 = 1"):  # W^0 = 1 pulls all n^2 pairs
         pulled_pairs(SparseBoxWeights.initial(n, 1.0), 0.5)
 
 
@@ -81,10 +93,10 @@ def test_closure_proposes_a_collaborators_collaborator_dense_and_sparse():
     scores = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.2])  # (4, 5) below the threshold
     sparse = update_weights(SparseBoxWeights.initial(n, 0.0), edges, scores, 1.0, "box")
     dense = sparse.to_dense()
-    keys = {"sampling_c": 1.0, "sampling_samples": 0.0, "recheck": 0.0}
+    keys = {"sampling_c": 1.0, "sampling_samples": 0.0}
 
-    def sampled(W, t, active=None, **more):
-        algo = CoBo(CoBoConfig(**keys, **more), rounds=300, seed=0)
+    def sampled(W, t, active=None, closure=0.0):  # no re-checks: the closure's pairs alone
+        algo = at_rates(CoBo(CoBoConfig(**keys), rounds=300, seed=0), 0.0, closure)
         return {tuple(e) for e in algo.sample_edges(active, t, n, W=W)[0].tolist()}
 
     two_steps = {(0, 2), (1, 3)}
@@ -105,23 +117,18 @@ def test_closure_proposes_a_collaborators_collaborator_dense_and_sparse():
     for t in range(50):
         # (1, 3) has client 1 too, and 2 and 3 reach only each other: nothing is proposed
         assert sampled(dense, t, gone, closure=1.0) == sampled(None, t, gone)
-    algo = CoBo(CoBoConfig(closure=0.2, **keys), 10, 0)
-    algo_off = CoBo(CoBoConfig(closure=0.0, **keys), 10, 0)
+    algo = at_rates(CoBo(CoBoConfig(**keys), 10, 0), 0.0, 0.2)
+    algo_off = at_rates(CoBo(CoBoConfig(**keys), 10, 0), 0.0, 0.0)
     assert algo.samples_from_w(0, n) and not algo_off.samples_from_w(0, n)
-    for bad, name in (
-        (["algorithm.pull_threshold=0"], "pull_threshold > 0"),
-        (["algorithm.preset=paper"], "pull_threshold > 0"),
-        (["algorithm.domain=simplex"], "domain"),
-        (["algorithm.sampling=full"], "other than full"),
-    ):
-        with pytest.raises(ConfigError, match=f"algorithm.closure.*{name}"):
-            load_config(None, [*bad, "algorithm.closure=0.1"])
-    # the rule's closure (0.1) under full sampling: every pair is sampled already, so it
-    # is left out of the settings a run records and draws nothing
-    full = load_config(None, ["algorithm.sampling=full"]).algorithm
-    assert full.effective()["closure"] is None and full.pinned().closure is None
-    assert CoBo(full, 10, 0).proposals.closure.rate == 0.0
+    # the threshold brings closure at 0.1; without one, or under full sampling (every
+    # pair is sampled already), none
     assert CoBo(CoBoConfig(), 10, 0).proposals.closure.rate == pytest.approx(0.1)
+    for off in (["algorithm.pull_threshold=0"], ["algorithm.preset=paper"]):
+        assert CoBo(load_config(None, off).algorithm, 10, 0).proposals.closure.rate == 0.0
+    for off in (["algorithm.domain=simplex"], ["algorithm.sampling=full"]):
+        assert CoBo(load_config(None, off).algorithm, 10, 0).proposals.closure.rate == 0.0
+    with pytest.raises(ConfigError, match="algorithm.closure.*removed in raycobo 0.8.0"):
+        load_config(None, ["algorithm.closure=0.1"])
 
 
 def test_recheck_scales_up_with_sampling_samples_where_the_sampler_sees_each_pair_rarely():
@@ -161,7 +168,7 @@ def test_recheck_scales_up_with_sampling_samples_where_the_sampler_sees_each_pai
     for t in (0, 100, 2999):
         assert recheck_rate(rich, t, 80) == recheck_rate(own, t, 80)
         assert rich.w_step(t, 80) == own.w_step(t, 80)
-    assert CoBoConfig(preset="paper").pinned().recheck == 0.0  # no re-checks there
+    assert recheck_floor(made(n, R, preset="paper"), n) == 0.0  # no re-checks there
 
 
 def test_sampling_samples_samples_each_pair_k_times_in_a_short_run():
@@ -218,8 +225,9 @@ def test_recheck_takes_back_a_pair_that_one_early_sample_made_a_collaborator(qua
     cfg = quad_cfg("data.partition.clients_per_cluster=[2,2]", "data.dim=10")
 
     def w02(recheck, rounds=10):
-        over = [f"algorithm.recheck={recheck}", "algorithm.sampling=constant"]
-        _, ops, algo = build(with_overrides(cfg, over + ["algorithm.sampling_c=0.01"]))
+        over = ["algorithm.sampling=constant", "algorithm.sampling_c=0.01"]
+        _, ops, algo = build(with_overrides(cfg, over))
+        at_rates(algo, recheck=recheck)
         state = algo.init(ops)
         W = state.W.clone()
         W[0, 2] = W[2, 0] = 1.0
@@ -245,10 +253,10 @@ def test_closure_completes_the_clusters_the_sampler_leaves_half_measured(digits_
             "rounds=100",
             "algorithm.sampling=constant",
             "algorithm.sampling_c=1",
-            f"algorithm.closure={closure}",
             "algorithm.start_all_pairs=false",
         )
         data, ops, algo = build(cfg)
+        at_rates(algo, closure=closure)
         W = run_rounds(algo, ops, 100).W
         cl = torch.as_tensor(data.clusters)
         same = cl[:, None] == cl[None, :]

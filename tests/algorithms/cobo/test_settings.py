@@ -3,6 +3,8 @@ records, and which stored configs this version reads."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import yaml
 
@@ -28,8 +30,9 @@ def test_the_paper_preset_is_algorithm_1_and_a_key_set_wins():
     of raycobo's additions; a key set explicitly wins over its preset."""
     algo = CoBo(CoBoConfig(preset="paper"), rounds=10, seed=0)
     c = algo.cfg
-    assert (c.alignment, c.gamma, c.gamma_decay, c.pull) == ("inner", 0.01, "none", "sum")
-    assert (algo.w0, c.recheck, c.fade, c.closure, c.alignment_batches) == (1, 0, 0, 0, 1)
+    assert (c.alignment, c.gamma, algo.schedule.decays, c.pull) == ("inner", 0.01, False, "sum")
+    parts = (algo.proposals.rechecks.rate, algo.schedule.fade, algo.proposals.closure.rate)
+    assert (algo.w0, *parts, c.alignment_batches) == (1, 0, 0, 0, 1)
     assert algo.pull.threshold == 0.0 and algo.pull.at == "current"
     algo = CoBo(CoBoConfig(preset="paper", gamma=0.2, pull="mean"), rounds=10, seed=0)
     assert (algo.cfg.gamma, algo.cfg.pull, algo.cfg.alignment) == (0.2, "mean", "inner")
@@ -111,7 +114,7 @@ def test_a_run_records_the_values_it_ran(tmp_path):
     assert text.splitlines()[0] == f"# written by raycobo {__version__}"
     stored = yaml.safe_load(text)["algorithm"]
     assert (stored["alignment"], stored["cosine_floor"], stored["gamma"]) == ("bounded", 0.3, 3.0)
-    assert stored["pull"] == "mean" and stored["gamma_decay"] == "sqrt"
+    assert stored["pull"] == "mean" and stored["pull_threshold"] == 0.5
     assert load_stored_config(tmp_path / "r" / "config.yaml").algorithm.alignment == "bounded"
     plain = load_config(None, ["algorithm.preset=paper", "rounds=2", "tracking.enabled=false"])
     run_experiment(plain, tmp_path / "p")
@@ -182,25 +185,51 @@ def test_w0_and_where_the_pull_acts_follow_the_pull():
         name = key.split("=")[0]
         with pytest.raises(ConfigError, match=f"{name}': removed in raycobo 0.7.0: {says}"):
             load_config(None, [f"algorithm.{key}"])
-    # gamma / (1 + k_t), which no preset used, went with them
-    with pytest.raises(ConfigError, match="algorithm.gamma_decay.*'none' or 'sqrt'"):
-        load_config(None, ["algorithm.gamma_decay=linear"])
 
 
-def test_recheck_is_a_box_domain_key():
-    """raycobo re-samples pulled pairs, the paper's preset does not; a simplex W is
-    refused the key."""
+def test_the_threshold_brings_the_fade_rechecks_and_closure_and_the_score_its_step():
+    """A pull threshold (box domain) brings the parts that keep the graph it reads
+    current: the fade (1), re-checks (0.02) and closure (0.1, not under full sampling);
+    without one, none. A floored score steps by gamma / sqrt(1 + k_t), the others by a
+    constant gamma. The keys that set them apart until raycobo 0.8.0 are refused in one
+    line that says so."""
+
+    def parts(**keys):
+        algo = CoBo(CoBoConfig(**keys), 10, 0)
+        p = algo.proposals
+        return (algo.schedule.fade, p.rechecks.rate, p.closure.rate, algo.schedule.decays)
+
+    assert parts() == (1.0, 0.02, 0.1, True)
+    assert parts(pull_threshold=0.2) == (1.0, 0.02, 0.1, True)
+    assert parts(sampling="full") == (1.0, 0.02, 0.0, True)
+    for off in ({"pull_threshold": 0.0}, {"domain": "simplex"}, {"preset": "paper"}):
+        assert parts(**off)[:3] == (0.0, 0.0, 0.0), off
+    assert parts(preset="paper", pull="mean", pull_threshold=0.5)[:3] == (1.0, 0.02, 0.1)
+    assert not parts(alignment="cosine")[3] and not parts(preset="authors")[3]
+    assert parts(preset="paper", alignment="bounded")[3]
     # the re-checks' own rates (no closure, which reads W whatever the rates; round 0
-    # as the strategy samples it)
-    own = CoBoConfig(sampling_samples=0.0, closure=0.0, start_all_pairs=False)
+    # as the strategy samples it): W is read where the sampler's p_t is below 0.02
+    own = CoBoConfig(sampling_samples=0.0, start_all_pairs=False)
+
+    def reads_w(rounds: int, t: int, n: int) -> bool:
+        algo = CoBo(own, rounds, 0)
+        algo.proposals = replace(algo.proposals, closure=replace(algo.proposals.closure, rate=0))
+        return algo.samples_from_w(t, n)
+
     # mixed sampling over 10 rounds: p = 2/200 = 0.01 < 0.02 among 200 clients (W is read)
-    assert CoBo(own, 10, 0).samples_from_w(0, 200)
-    assert not CoBo(own, 10, 0).samples_from_w(0, 50)  # p = 0.04: W not read
+    assert reads_w(10, 0, 200) and not reads_w(10, 0, 50)  # p = 0.04: W not read
     # ... until mixed sampling's second half: p = min(0.04, 1 / (t + 1)) = 0.01 at t = 99
-    assert CoBo(own, 100, 0).samples_from_w(99, 50)
+    assert reads_w(100, 99, 50)
     assert not CoBo(CoBoConfig(preset="paper"), 10, 0).samples_from_w(0, 200)
     assert not CoBo(CoBoConfig(domain="simplex"), 10, 0).samples_from_w(0, 200)
-    with pytest.raises(ConfigError, match="algorithm.recheck.*domain"):
-        load_config(None, ["algorithm.domain=simplex", "algorithm.recheck=0.1"])
+    for key, says in [
+        ("fade=0", "the weights below the threshold fade at 1"),
+        ("recheck=0.1", "the pairs the pull reads are re-sampled at least 0.02"),
+        ("closure=0", "each client proposes a collaborator's collaborator at 0.1"),
+        ("gamma_decay=none", "a floored score .* steps by gamma / sqrt"),
+    ]:
+        name = key.split("=")[0]
+        with pytest.raises(ConfigError, match=f"{name}': removed in raycobo 0.8.0: {says}"):
+            load_config(None, [f"algorithm.{key}"])
     pinned = CoBoConfig().pinned().model_dump(mode="json")
-    assert pinned["recheck"] == 0.02 and "recheck_samples" not in pinned
+    assert not {"fade", "recheck", "closure", "gamma_decay"} & set(pinned)

@@ -85,7 +85,7 @@ def test_a_pulled_pair_steps_as_often_as_recheck_samples_it_dense_and_sparse():
     rows = torch.tensor([1, 2, 5])  # a host holding some of the rows: the same numbers
     assert_close(update_weight_rows(dense[rows], rows, edges, scores, step, "box"), got[rows])
     assert algo.w_step(40, 50).pulled is None  # p = 0.04 >= 0.02 in mixed's first half
-    assert CoBo(CoBoConfig(recheck=0.0), 100, 0).w_step(t, n).pulled is None
+    assert CoBo(CoBoConfig(pull_threshold=0.0), 100, 0).w_step(t, n).pulled is None
     assert CoBo(CoBoConfig(preset="paper"), 100, 0).w_step(t, n).pulled is None
 
 
@@ -99,6 +99,7 @@ def test_fade_returns_the_weights_below_the_threshold_to_zero():
     not. Refused without a threshold or off the box domain."""
     from raycobo.algorithms.cobo import RowStep
     from raycobo.algorithms.cobo.weights import faded as fade_weights
+    from raycobo.algorithms.cobo.wstep import Schedule
     from raycobo.config import ConfigError, load_config
 
     W = torch.tensor(
@@ -129,36 +130,32 @@ def test_fade_returns_the_weights_below_the_threshold_to_zero():
 
     n, rounds = 10, 400
     plain = {"sampling": "constant", "start_all_pairs": False}  # p_t = c / n from round 0
-    algo = CoBo(CoBoConfig(fade=0.5, gamma_decay="none", **plain), rounds, seed=0)
+    algo = CoBo(CoBoConfig(**plain), rounds, seed=0)
     p = algo.sampler(n).probability(0)
-    assert algo.fade_at(7, n) == pytest.approx(0.5 * 0.5 * p)
-    # the default: 1, not decayed (grown only past 160 clients); off under rule paper
-    assert CoBo(CoBoConfig(sampling="constant"), rounds, 0).fade_at(7, n) == pytest.approx(
-        1.0 * 0.5 * p
-    )
+    # with a threshold: 1 x threshold x p_t, not decayed (grown only past 160 clients)
+    assert algo.fade_at(7, n) == pytest.approx(1.0 * 0.5 * p)
+    lower = CoBoConfig(pull_threshold=0.2, **plain)
+    assert CoBo(lower, rounds, 0).fade_at(7, n) == pytest.approx(1.0 * 0.2 * p)
+    # without one (Algorithm 1, or no threshold) nothing fades
     assert CoBo(CoBoConfig(preset="paper"), rounds, 0).fade_at(7, n) == 0.0
-    assert CoBo(CoBoConfig(preset="paper", fade=0), rounds, 0).fade_at(7, n) == 0.0
-    off = CoBoConfig(fade=0.5, pull_threshold=0.2, gamma_decay="none", sampling="constant")
-    assert CoBo(off, rounds, 0).fade_at(7, n) == pytest.approx(0.5 * 0.2 * p)
+    assert CoBo(CoBoConfig(pull_threshold=0, **plain), rounds, 0).fade_at(7, n) == 0.0
+    # the part itself takes any rate (the Python API)
+    half = Schedule(3.0, True, 0.5, fade=0.5)
+    assert half.fade_at(algo.sampler(n), 7) == pytest.approx(0.5 * 0.5 * p)
     state = CoBoState(torch.zeros(n, 1), torch.eye(n))
     state.W[0, 1] = state.W[1, 0] = 0.4
     state.W[2, 3] = state.W[3, 2] = 0.6  # pulled: stays
-    need = 0.4 / (0.5 * 0.5 * p)
+    need = 0.4 / (1.0 * 0.5 * p)
     for t in range(int(need) - 1):
         state = algo.faded(state, t)
     assert 0 < float(state.W[0, 1]) < 0.4 and state.W[2, 3] == W.new_tensor(0.6)
     state = algo.faded(algo.faded(state, 0), 0)
     assert float(state.W[0, 1]) == 0.0 and state.W[2, 3] == W.new_tensor(0.6)
 
-    with pytest.raises(ConfigError, match="algorithm.fade.*domain"):
-        load_config(None, ["algorithm.domain=simplex", "algorithm.fade=0.5"])
-    with pytest.raises(ConfigError, match="algorithm.fade.*pull_threshold"):
-        load_config(None, ["algorithm.pull_threshold=0", "algorithm.fade=0.5"])
+    with pytest.raises(ConfigError, match="algorithm.fade.*removed in raycobo 0.8.0.*threshold"):
+        load_config(None, ["algorithm.fade=0.5"])
     with pytest.raises(ConfigError, match="algorithm.fade_decay.*removed in raycobo 0.5.0"):
         load_config(None, ["algorithm.fade_decay=none"])
-    assert load_config(None, ["algorithm.preset=paper"]).algorithm.pinned().fade is None
-    pinned = CoBoConfig().pinned().model_dump(mode="json")
-    assert pinned["fade"] == 1.0  # written out where it acts
 
 
 def test_the_fade_grows_with_the_clients_present_past_160():
@@ -170,7 +167,7 @@ def test_the_fade_grows_with_the_clients_present_past_160():
     assert FADE_CLIENTS == 160
 
     def per_sample(n: int, present: int | None = None) -> float:
-        algo = CoBo(CoBoConfig(fade=1.0, gamma_decay="none"), rounds, 0)
+        algo = CoBo(CoBoConfig(), rounds, 0)
         state = CoBoState(torch.zeros(n, 1), torch.eye(n))
         if present is not None:
             state.active = torch.arange(n) < present
