@@ -289,13 +289,13 @@ def test_rows_before_0_7_count_where_the_folded_keys_had_the_values_they_take_no
 
 
 # the keys raycobo 0.8.0 folded, as a row of 0.7 recorded them for the defaults and paper
-FOLDED_08 = {"gamma_decay": "sqrt", "fade": 1.0, "recheck": 0.02, "closure": 0.1}
-PAPER_08 = {"gamma_decay": "none", "fade": None, "recheck": 0.0, "closure": None}
+FOLDED_08 = {"fade": 1.0, "recheck": 0.02, "closure": 0.1}
+PAPER_08 = {"fade": None, "recheck": 0.0, "closure": None}
 
 
 def test_rows_before_0_8_count_where_the_folded_keys_had_the_values_they_take_now():
-    """raycobo 0.8.0 folded gamma_decay into the score (a floored one decays) and the
-    fade, re-checks and closure into the pull's threshold; a row of 0.7 counts as
+    """raycobo 0.8.0 folded the fade, re-checks and closure into the pull's threshold;
+    a row of 0.7 counts as
     today's run where they held the values those keys now give them, and not
     otherwise (also under full sampling, where there was no closure, and in the
     simplex domain, where none of the three applied)."""
@@ -303,7 +303,7 @@ def test_rows_before_0_8_count_where_the_folded_keys_had_the_values_they_take_no
     now = regimes.entry_settings("cobo", {})
     assert not set(FOLDED_08) & set(now)
     assert regimes.same_settings({**now, **FOLDED_08}, now, big)
-    for key, other in [("gamma_decay", "none"), ("fade", 0.0), ("recheck", 0.0), ("closure", 0.3)]:
+    for key, other in [("fade", 0.0), ("recheck", 0.0), ("closure", 0.3)]:
         assert not regimes.same_settings({**now, **FOLDED_08, key: other}, now, big), key
     paper = regimes.entry_settings("cobo", {"preset": "paper"})
     assert regimes.same_settings({**paper, **PAPER_08}, paper, big)
@@ -311,10 +311,8 @@ def test_rows_before_0_8_count_where_the_folded_keys_had_the_values_they_take_no
     full = regimes.entry_settings("cobo", {"sampling": "full"})
     assert regimes.same_settings({**full, **FOLDED_08, "closure": None}, full, big)
     simplex = regimes.entry_settings("cobo", {"domain": "simplex"})
-    nothing = {"gamma_decay": "sqrt", "fade": None, "recheck": None, "closure": None}
+    nothing = {"fade": None, "recheck": None, "closure": None}
     assert regimes.same_settings({**simplex, **nothing}, simplex, big)
-    cosine = regimes.entry_settings("cobo", {"alignment": "cosine"})
-    assert regimes.same_settings({**cosine, **FOLDED_08, "gamma_decay": "none"}, cosine, big)
 
 
 def test_the_report_leaves_out_rows_the_defaults_no_longer_run():

@@ -280,9 +280,9 @@ def _folded(settings: dict) -> dict:
 
 
 def _folded_08(settings: dict) -> dict:
-    """The CoBo keys raycobo 0.8.0 folded into others, at the values those others give
-    them now, null where they did not apply (every CoBo row before 0.8.0 recorded them):
-    the step's decay follows the score, the fade, re-checks and closure the threshold."""
+    """The CoBo keys raycobo 0.8.0 folded into the pull's threshold (the fade, re-checks
+    and closure), at the values it gives them now, null where they did not apply (every
+    CoBo row of 0.7.0 recorded them)."""
     from types import SimpleNamespace
 
     from raycobo.algorithms.cobo import settings as rule
@@ -291,11 +291,9 @@ def _folded_08(settings: dict) -> dict:
     view = SimpleNamespace(
         domain=settings.get("domain", "box"),
         pull_threshold=settings.get("pull_threshold"),
-        alignment=settings.get("alignment"),
         sampling=settings.get("sampling"),
     )
     return {
-        "gamma_decay": "sqrt" if rule.decays(view) else "none",
         "fade": rule.fade(view) or None,
         "recheck": rule.recheck(view) if box else None,
         "closure": rule.closure(view) or None,
@@ -310,9 +308,10 @@ def in_todays_terms(settings: dict) -> dict:
     then sampling_samples where there are re-checks), and a fade from before
     ``fade_decay`` existed as the decayed one it was."""
     out = dict(settings)
-    if out.get("name") == "cobo" and "pull" in out and "gamma_decay" not in out:  # 0.8.0 on
+    cobo = out.get("name") == "cobo" and "pull" in out
+    if cobo and "pull_at" not in out and "fade" not in out:  # 0.8.0 on
         out.update(_folded_08(out))
-    if out.get("name") == "cobo" and "pull" in out and "pull_at" not in out:  # 0.7.0 on
+    if cobo and "pull_at" not in out:  # 0.7.0 on
         out.update(_folded(out))
     if "recheck_samples" not in out and "sampling_samples" in out:  # 0.5.0 on
         out["recheck_samples"] = out["sampling_samples"] if out.get("recheck") else None

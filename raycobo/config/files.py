@@ -134,7 +134,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 # stored configs start with this line (``Config.to_yaml``); this version reads those that
 # versions from READS_FROM on wrote (0.8.0: CoBo's fade, recheck and closure are gone,
-# folded into pull_threshold, and gamma_decay into the score)
+# folded into pull_threshold)
 WRITTEN_BY = "# written by raycobo "
 READS_FROM = "0.8.0"
 

@@ -21,7 +21,6 @@ from raycobo.algorithms.cobo.settings import (
     CoBoConfig,
     PresetView,
     closure,
-    decays,
     fade,
     initial_weight,
     pull_cut,
@@ -57,7 +56,7 @@ class CoBo(InRows, Membership):
         self.batches = int(c.alignment_batches)
         self.w0 = initial_weight(c)  # W^0 between clients (box domain)
         self.pull = Pull(c.pull, c.lr, c.rho, c.domain, cut, c.pull_strength)
-        self.schedule = Schedule(c.gamma, decays(c), cut, fade(c))
+        self.schedule = Schedule(c.gamma, c.gamma_decay == "sqrt", cut, fade(c))
         # the re-checks scale up where the sampler's rates do (sampling_samples)
         rechecks = Rechecks(recheck(c), float(c.sampling_samples or 0.0))
         self.proposals = Proposals(rechecks, Closure(closure(c), cut, seed), cut, seed)

@@ -15,7 +15,6 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from raycobo.algorithms.cobo.score import FLOORED
 from raycobo.algorithms.pairs import ALIGN_BATCHES_MAX, SCORES
 from raycobo.algorithms.samplers import SAMPLINGS
 from raycobo.algorithms.settings import MethodConfig
@@ -44,6 +43,7 @@ register_preset(
     alignment_batches=1,
     cosine_floor=0.3,
     gamma=0.01,
+    gamma_decay="none",
     pull="sum",
     pull_strength=0.2,
     pull_threshold=0.0,
@@ -76,6 +76,7 @@ register_preset(
     alignment="bounded",
     alignment_batches=2,
     gamma=3.0,
+    gamma_decay="sqrt",
     pull="mean",
     pull_strength=0.5,
     pull_threshold=0.5,
@@ -174,9 +175,6 @@ class CoBoConfig(MethodConfig):
         "aligned) and 1 without one (Algorithm 1); no preset paired them otherwise",
         "fade_clients": "removed in raycobo 0.7.0: the fade grows as n / 160 past 160 "
         "present clients (no preset set another count)",
-        "gamma_decay": "removed in raycobo 0.8.0: a floored score (alignment: bounded) "
-        "steps by gamma / sqrt(1 + k_t), the others by a constant gamma; no preset paired "
-        "them otherwise",
         **{
             key: f"removed in raycobo 0.8.0: {what} wherever the pull has a threshold "
             "(algorithm.pull_threshold > 0, box domain), and not without one; no preset "
@@ -205,9 +203,7 @@ class CoBoConfig(MethodConfig):
     alignment: str | None = _key(
         "Eq. (1)'s score: inner, the inner product <g_i, g_j> (paper); cosine, its cosine "
         "(scale-free); bounded, the cosine with a floor under its denominator (shrinks as "
-        "the gradients do), whose W step decays as gamma / sqrt(1 + k_t), k_t a pair's "
-        "samples in expectation before round t (the others: a constant gamma); or one "
-        "registered with raycobo.algorithms.cobo.register_score",
+        "the gradients do); or one registered with raycobo.algorithms.cobo.register_score",
         "alignment",
     )
     alignment_batches: int | None = _key(
@@ -223,6 +219,12 @@ class CoBoConfig(MethodConfig):
         "share of the clients' mean squared gradient norm at x^0",
         "cosine_floor",
         gt=0,
+    )
+    gamma_decay: Literal["none", "sqrt"] | None = _key(
+        "W step schedule: constant gamma (paper), or gamma / sqrt(1 + k_t), k_t the "
+        "samples a pair has had in expectation before round t (a pair the pull reads "
+        "counts the re-checks': the sum of max(p_tau, their rate))",
+        "gamma_decay",
     )
     pull: Literal["sum", "mean"] | None = _key(
         "Eq. (2)'s penalty: rho sum_j w_ij (x_i - x_j) on the current models, beside the "
@@ -369,14 +371,6 @@ def initial_weight(view: CoBoConfig | PresetView) -> float:
     pulls once it has been measured aligned), 1 without one (Algorithm 1: every pair
     pulls until it is measured misaligned)."""
     return 0.0 if pull_cut(view) else 1.0
-
-
-def decays(view: CoBoConfig | PresetView) -> bool:
-    """Whether gamma decays as gamma / sqrt(1 + k_t): with a floored score (bounded),
-    whose values lie in [-1, 1] whatever the gradients' scale, so that W averages a
-    pair's noisy samples; a raw inner product (paper) or the plain cosine (the authors'
-    code) steps by a constant gamma."""
-    return view.alignment in FLOORED
 
 
 def fade(view: CoBoConfig | PresetView) -> float:

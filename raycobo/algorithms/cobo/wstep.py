@@ -1,7 +1,6 @@
 """Eq. (1)'s step on W: projected gradient ascent on the sampled pairs' scores, with
-the step size's schedule (gamma / sqrt(1 + k_t) with a floored score, each pair on its
-own clock where clients joined late) and the fade of the weights the pull does not
-read."""
+the step size's schedule (``gamma_decay``, each pair on its own clock where clients
+joined late) and the fade of the weights the pull does not read."""
 
 from __future__ import annotations
 
@@ -16,13 +15,13 @@ from raycobo.algorithms.samplers import EdgeSampler
 
 
 def _decay(k: torch.Tensor | float):
-    """The decaying gamma's divisor after k expected samples: sqrt(1 + k)."""
+    """gamma_decay sqrt's divisor after k expected samples: sqrt(1 + k)."""
     return torch.sqrt(1.0 + k) if isinstance(k, torch.Tensor) else math.sqrt(1.0 + k)
 
 
 @dataclass(frozen=True)
 class PairClock:
-    """The decaying gamma counted on each pair's own clock where clients joined late: a pair's
+    """gamma_decay counted on each pair's own clock where clients joined late: a pair's
     k_t is the expected samples it has had since the later of its two clients (last)
     joined, so a newcomer's pairs step as a pair does at the start of a run (the round's
     gamma, from the run's k_t, times ``boost``), not with the small gamma of a pair
@@ -148,7 +147,7 @@ class Schedule:
     it little; and what each weight below the pull's threshold loses a round."""
 
     gamma: float
-    decays: bool  # gamma / sqrt(1 + k_t) (a floored score), or a constant gamma
+    decays: bool  # gamma / sqrt(1 + k_t) (gamma_decay sqrt), or a constant gamma
     cut: float  # the pull's threshold (0: none)
     fade: float = 0.0  # fade (0: off)
 

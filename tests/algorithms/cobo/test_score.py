@@ -99,8 +99,8 @@ def test_a_pair_request_asks_for_the_rows_its_scores_read():
 def test_a_new_score_is_one_part_and_one_preset(quad_cfg, tmp_path):
     """examples/plugins/sign_score.py: a score registered by a plugin module and a preset
     naming it (module:PRESET) run as CoBo with that score, each sampled pair's weight
-    moving by exactly gamma (constant: the score is not floored) before the projection;
-    the run records the plugin's code, as any plugin's."""
+    moving by exactly gamma (here constant) before the projection; the run records the
+    plugin's code, as any plugin's."""
     from pathlib import Path
 
     from raycobo.algorithms.cobo import CoBo, CoBoState
@@ -110,6 +110,7 @@ def test_a_new_score_is_one_part_and_one_preset(quad_cfg, tmp_path):
     cfg = quad_cfg(
         f"plugin_paths=[{plugins}]",
         "algorithm.preset=sign_score:SIGN",
+        "algorithm.gamma_decay=none",
         "algorithm.gamma=0.25",
         "algorithm.sampling=full",
         "rounds=3",

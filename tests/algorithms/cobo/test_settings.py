@@ -185,28 +185,28 @@ def test_w0_and_where_the_pull_acts_follow_the_pull():
         name = key.split("=")[0]
         with pytest.raises(ConfigError, match=f"{name}': removed in raycobo 0.7.0: {says}"):
             load_config(None, [f"algorithm.{key}"])
+    # gamma / (1 + k_t), which no preset used, went with them
+    with pytest.raises(ConfigError, match="algorithm.gamma_decay.*'none' or 'sqrt'"):
+        load_config(None, ["algorithm.gamma_decay=linear"])
 
 
-def test_the_threshold_brings_the_fade_rechecks_and_closure_and_the_score_its_step():
+def test_the_threshold_brings_the_fade_rechecks_and_closure():
     """A pull threshold (box domain) brings the parts that keep the graph it reads
     current: the fade (1), re-checks (0.02) and closure (0.1, not under full sampling);
-    without one, none. A floored score steps by gamma / sqrt(1 + k_t), the others by a
-    constant gamma. The keys that set them apart until raycobo 0.8.0 are refused in one
-    line that says so."""
+    without one, none. The keys that set them apart until raycobo 0.8.0 are refused in
+    one line that says so."""
 
     def parts(**keys):
         algo = CoBo(CoBoConfig(**keys), 10, 0)
         p = algo.proposals
-        return (algo.schedule.fade, p.rechecks.rate, p.closure.rate, algo.schedule.decays)
+        return (algo.schedule.fade, p.rechecks.rate, p.closure.rate)
 
-    assert parts() == (1.0, 0.02, 0.1, True)
-    assert parts(pull_threshold=0.2) == (1.0, 0.02, 0.1, True)
-    assert parts(sampling="full") == (1.0, 0.02, 0.0, True)
+    assert parts() == (1.0, 0.02, 0.1)
+    assert parts(pull_threshold=0.2) == (1.0, 0.02, 0.1)
+    assert parts(sampling="full") == (1.0, 0.02, 0.0)
     for off in ({"pull_threshold": 0.0}, {"domain": "simplex"}, {"preset": "paper"}):
-        assert parts(**off)[:3] == (0.0, 0.0, 0.0), off
-    assert parts(preset="paper", pull="mean", pull_threshold=0.5)[:3] == (1.0, 0.02, 0.1)
-    assert not parts(alignment="cosine")[3] and not parts(preset="authors")[3]
-    assert parts(preset="paper", alignment="bounded")[3]
+        assert parts(**off) == (0.0, 0.0, 0.0), off
+    assert parts(preset="paper", pull="mean", pull_threshold=0.5) == (1.0, 0.02, 0.1)
     # the re-checks' own rates (no closure, which reads W whatever the rates; round 0
     # as the strategy samples it): W is read where the sampler's p_t is below 0.02
     own = CoBoConfig(sampling_samples=0.0, start_all_pairs=False)
@@ -226,10 +226,9 @@ def test_the_threshold_brings_the_fade_rechecks_and_closure_and_the_score_its_st
         ("fade=0", "the weights below the threshold fade at 1"),
         ("recheck=0.1", "the pairs the pull reads are re-sampled at least 0.02"),
         ("closure=0", "each client proposes a collaborator's collaborator at 0.1"),
-        ("gamma_decay=none", "a floored score .* steps by gamma / sqrt"),
     ]:
         name = key.split("=")[0]
         with pytest.raises(ConfigError, match=f"{name}': removed in raycobo 0.8.0: {says}"):
             load_config(None, [f"algorithm.{key}"])
     pinned = CoBoConfig().pinned().model_dump(mode="json")
-    assert not {"fade", "recheck", "closure", "gamma_decay"} & set(pinned)
+    assert not {"fade", "recheck", "closure"} & set(pinned) and pinned["gamma_decay"] == "sqrt"
