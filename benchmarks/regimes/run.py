@@ -303,10 +303,9 @@ def _folded_08(settings: dict) -> dict:
 def in_todays_terms(settings: dict) -> dict:
     """Settings as a row recorded them, in the terms ``same_settings`` compares: the
     keys raycobo 0.8.0 and 0.7.0 folded into others at the values they now take
-    (``_folded_08``, ``_folded``), the
-    re-checks' scale-up target as ``recheck_samples`` (a key until raycobo 0.5.0; since
-    then sampling_samples where there are re-checks), and a fade from before
-    ``fade_decay`` existed as the decayed one it was."""
+    (``_folded_08``, ``_folded``), the re-checks' scale-up target as ``recheck_samples``
+    (a key until raycobo 0.5.0; since then sampling_samples where there are re-checks),
+    and a fade from before ``fade_decay`` existed as the decayed one it was."""
     out = dict(settings)
     cobo = out.get("name") == "cobo" and "pull" in out
     if cobo and "pull_at" not in out and "fade" not in out:  # 0.8.0 on
