@@ -11,6 +11,7 @@ there) and the environment the test asks for. Clients reach the port through
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -39,10 +40,23 @@ while True:
 """
 
 
+# ports handed to servers that bind them later (sshd, MLflow, a Ray head's GCS): outside
+# Linux's ephemeral range (32768-60999, where every client socket takes its source port
+# and port 0 binds) and Ray's worker ports (10002-19999), so that no other process takes
+# one in the seconds before its server binds it (a GCS port from port 0 was once taken)
+QUIET_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port no socket on 127.0.0.1 holds now, from ``QUIET_PORTS``."""
+    for port in random.sample(QUIET_PORTS, 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 in {QUIET_PORTS.start}-{QUIET_PORTS.stop - 1}")
 
 
 class LoopbackSSH:

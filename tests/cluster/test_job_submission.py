@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.sshd_loopback import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -34,7 +29,7 @@ def loopback_head():
 
     ray_bin = Path(sys.executable).with_name("ray")
     temp = Path(tempfile.mkdtemp(prefix="rc-"))  # short: Ray's socket paths max 107 bytes
-    port, dash, agent = _free_port(), _free_port(), _free_port()
+    port, dash, agent = free_port(), free_port(), free_port()
     import secrets
 
     env = {
