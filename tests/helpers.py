@@ -81,6 +81,20 @@ def short_run(name: str, skip: tuple[str, ...] = ()) -> dict:
     return {"algorithm.name": name, **short, **mode}
 
 
+def at_rates(algo, recheck: float | None = None, closure: float | None = None):
+    """CoBo ``algo`` with its proposals' parts at other rates (the Python API: the
+    settings give them the pull threshold's, settings.RECHECK and settings.CLOSURE)."""
+    from dataclasses import replace
+
+    p = algo.proposals
+    if recheck is not None:
+        p = replace(p, rechecks=replace(p.rechecks, rate=recheck))
+    if closure is not None:
+        p = replace(p, closure=replace(p.closure, rate=closure))
+    algo.proposals = p
+    return algo
+
+
 def run_rounds(algo, ops, rounds: int, state=None, start: int = 0):
     """Advance ``algo`` from ``state`` (or its initial state) for ``rounds`` rounds."""
     state = algo.init(ops) if state is None else state

@@ -180,9 +180,9 @@ class CoBoConfig(MethodConfig):
             "(algorithm.pull_threshold > 0, box domain), and not without one; no preset "
             "paired them otherwise"
             for key, what in (
-                ("fade", f"the weights below the threshold fade at {FADE} x threshold x p_t"),
-                ("recheck", f"the pairs the pull reads are re-sampled at least {RECHECK}"),
-                ("closure", f"each client proposes a collaborator's collaborator at {CLOSURE}"),
+                ("fade", f"the weights below the threshold fade at {FADE:g} x threshold x p_t"),
+                ("recheck", f"the pairs the pull reads are re-sampled at least {RECHECK:g}"),
+                ("closure", f"each client proposes a collaborator's collaborator at {CLOSURE:g}"),
             )
         },
     }

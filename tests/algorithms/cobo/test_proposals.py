@@ -10,7 +10,7 @@ import torch
 from raycobo.algorithms.cobo import CoBo, CoBoConfig, update_weights
 from raycobo.algorithms.cobo.sparse import SparseBoxWeights
 from raycobo.config import with_overrides
-from tests.helpers import build, run_rounds
+from tests.helpers import at_rates, build, run_rounds
 
 
 def recheck_rate(algo: CoBo, t: int, n: int) -> float:
@@ -19,18 +19,6 @@ def recheck_rate(algo: CoBo, t: int, n: int) -> float:
 
 def recheck_floor(algo: CoBo, n: int) -> float:
     return algo.proposals.rechecks.floor(algo.sampler(n))
-
-
-def at_rates(algo: CoBo, recheck: float | None = None, closure: float | None = None) -> CoBo:
-    """``algo`` with its proposals' parts at other rates (the Python API: the settings
-    give them the threshold's, settings.RECHECK and settings.CLOSURE)."""
-    p = algo.proposals
-    if recheck is not None:
-        p = replace(p, rechecks=replace(p.rechecks, rate=recheck))
-    if closure is not None:
-        p = replace(p, closure=replace(p.closure, rate=closure))
-    algo.proposals = p
-    return algo
 
 
 def test_recheck_resamples_the_pulled_pairs_dense_and_sparse():
@@ -86,8 +74,6 @@ def test_closure_proposes_a_collaborators_collaborator_dense_and_sparse():
     pull reads already nor one through a client that left; dense and sparse W give the
     same pairs; the rate of a proposal is the two uniform steps' (here 1 - (1 - 1/2)(1 -
     1/4) for (0, 2): 0 reaches 2 through 1 half the time, 2 reaches 0 a quarter)."""
-    from raycobo.config import ConfigError, load_config
-
     n = 12
     edges = torch.tensor([[0, 1], [1, 2], [2, 3], [7, 9], [4, 5]])
     scores = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.2])  # (4, 5) below the threshold
@@ -120,15 +106,8 @@ def test_closure_proposes_a_collaborators_collaborator_dense_and_sparse():
     algo = at_rates(CoBo(CoBoConfig(**keys), 10, 0), 0.0, 0.2)
     algo_off = at_rates(CoBo(CoBoConfig(**keys), 10, 0), 0.0, 0.0)
     assert algo.samples_from_w(0, n) and not algo_off.samples_from_w(0, n)
-    # the threshold brings closure at 0.1; without one, or under full sampling (every
-    # pair is sampled already), none
-    assert CoBo(CoBoConfig(), 10, 0).proposals.closure.rate == pytest.approx(0.1)
-    for off in (["algorithm.pull_threshold=0"], ["algorithm.preset=paper"]):
-        assert CoBo(load_config(None, off).algorithm, 10, 0).proposals.closure.rate == 0.0
-    for off in (["algorithm.domain=simplex"], ["algorithm.sampling=full"]):
-        assert CoBo(load_config(None, off).algorithm, 10, 0).proposals.closure.rate == 0.0
-    with pytest.raises(ConfigError, match="algorithm.closure.*removed in raycobo 0.8.0"):
-        load_config(None, ["algorithm.closure=0.1"])
+    # the rate the settings give it (0.1 with a threshold, none without one or under full
+    # sampling) and the refused key: test_settings.py, the threshold's test
 
 
 def test_recheck_scales_up_with_sampling_samples_where_the_sampler_sees_each_pair_rarely():

@@ -3,14 +3,13 @@ records, and which stored configs this version reads."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import yaml
 
 from raycobo.algorithms.cobo import PRESETS, CoBo, CoBoConfig, register_preset
 from raycobo.algorithms.cobo.settings import PRESET_KEYS, WHEN
 from raycobo.config import ConfigError, load_config, load_stored_config
+from tests.helpers import at_rates
 
 
 def test_each_preset_declares_every_preset_key_once():
@@ -163,6 +162,15 @@ def test_pull_strength_applies_where_it_acts():
     assert CoBoConfig().pinned().model_dump(mode="json")["pull_strength"] == 0.5
 
 
+def refused_as_removed(version: str, *cases: tuple[str, str]) -> None:
+    """Each ``key=value`` of ``cases`` is refused in one line: removed in raycobo
+    ``version``, and what became of it (a pattern)."""
+    for key, says in cases:
+        name = key.split("=")[0]
+        with pytest.raises(ConfigError, match=f"{name}': removed in raycobo {version}: {says}"):
+            load_config(None, [f"algorithm.{key}"])
+
+
 def test_w0_and_where_the_pull_acts_follow_the_pull():
     """W^0 between clients is 0 where the pull has a threshold and 1 without one; the
     mean pull acts on the stepped models, the summed one on the current models. The
@@ -177,14 +185,12 @@ def test_w0_and_where_the_pull_acts_follow_the_pull():
     for keys, w0, at in cases:
         algo = CoBo(CoBoConfig(**keys), 10, 0)
         assert (algo.w0, algo.pull.at) == (w0, at), keys
-    for key, says in [
+    refused_as_removed(
+        "0.7.0",
         ("pull_at=current", "pull: mean acts on the stepped models"),
         ("initial_weight=1", "W\\^0 between clients is 0 where the pull has a threshold"),
         ("fade_clients=0", "the fade grows as n / 160 past 160"),
-    ]:
-        name = key.split("=")[0]
-        with pytest.raises(ConfigError, match=f"{name}': removed in raycobo 0.7.0: {says}"):
-            load_config(None, [f"algorithm.{key}"])
+    )
     # gamma / (1 + k_t), which no preset used, went with them
     with pytest.raises(ConfigError, match="algorithm.gamma_decay.*'none' or 'sqrt'"):
         load_config(None, ["algorithm.gamma_decay=linear"])
@@ -212,9 +218,7 @@ def test_the_threshold_brings_the_fade_rechecks_and_closure():
     own = CoBoConfig(sampling_samples=0.0, start_all_pairs=False)
 
     def reads_w(rounds: int, t: int, n: int) -> bool:
-        algo = CoBo(own, rounds, 0)
-        algo.proposals = replace(algo.proposals, closure=replace(algo.proposals.closure, rate=0))
-        return algo.samples_from_w(t, n)
+        return at_rates(CoBo(own, rounds, 0), closure=0.0).samples_from_w(t, n)
 
     # mixed sampling over 10 rounds: p = 2/200 = 0.01 < 0.02 among 200 clients (W is read)
     assert reads_w(10, 0, 200) and not reads_w(10, 0, 50)  # p = 0.04: W not read
@@ -222,13 +226,11 @@ def test_the_threshold_brings_the_fade_rechecks_and_closure():
     assert reads_w(100, 99, 50)
     assert not CoBo(CoBoConfig(preset="paper"), 10, 0).samples_from_w(0, 200)
     assert not CoBo(CoBoConfig(domain="simplex"), 10, 0).samples_from_w(0, 200)
-    for key, says in [
+    refused_as_removed(
+        "0.8.0",
         ("fade=0", "the weights below the threshold fade at 1"),
         ("recheck=0.1", "the pairs the pull reads are re-sampled at least 0.02"),
         ("closure=0", "each client proposes a collaborator's collaborator at 0.1"),
-    ]:
-        name = key.split("=")[0]
-        with pytest.raises(ConfigError, match=f"{name}': removed in raycobo 0.8.0: {says}"):
-            load_config(None, [f"algorithm.{key}"])
+    )
     pinned = CoBoConfig().pinned().model_dump(mode="json")
     assert not {"fade", "recheck", "closure"} & set(pinned) and pinned["gamma_decay"] == "sqrt"
