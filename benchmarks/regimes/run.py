@@ -260,21 +260,30 @@ FIXED_SINCE = {"fade_decay": "none", "sampling_scale_max": 4.0}
 RENAMED = {"rule": "preset"}
 
 
+def _view(settings: dict):
+    """A recorded row's settings as the package's rules read them (``settings.pull_cut``
+    and the rules on it), with their defaults where a row left a key out."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        domain=settings.get("domain", "box"),
+        pull_threshold=settings.get("pull_threshold"),
+        sampling=settings.get("sampling"),
+    )
+
+
 def _folded(settings: dict) -> dict:
     """The CoBo keys raycobo 0.7.0 folded into others, at the values those others give
     them now (every CoBo row before 0.7.0 recorded them; ``in_todays_terms`` adds them
     to the settings of 0.7.0 on, so that both compare key for key)."""
-    from types import SimpleNamespace
-
     from raycobo.algorithms.cobo.pull import on_stepped
     from raycobo.algorithms.cobo.settings import initial_weight
     from raycobo.algorithms.cobo.wstep import FADE_CLIENTS
 
     box = settings.get("domain", "box") == "box"
-    view = SimpleNamespace(domain="box", pull_threshold=settings.get("pull_threshold"))
     return {
         "pull_at": "stepped" if on_stepped(settings.get("pull")) else "current",
-        "initial_weight": initial_weight(view) if box else None,
+        "initial_weight": initial_weight(_view(settings)) if box else None,
         "fade_clients": FADE_CLIENTS if settings.get("fade") else None,
     }
 
@@ -283,19 +292,12 @@ def _folded_08(settings: dict) -> dict:
     """The CoBo keys raycobo 0.8.0 folded into the pull's threshold (the fade, re-checks
     and closure), at the values it gives them now, null where they did not apply (every
     CoBo row of 0.7.0 recorded them)."""
-    from types import SimpleNamespace
-
     from raycobo.algorithms.cobo import settings as rule
 
-    box = settings.get("domain", "box") == "box"
-    view = SimpleNamespace(
-        domain=settings.get("domain", "box"),
-        pull_threshold=settings.get("pull_threshold"),
-        sampling=settings.get("sampling"),
-    )
+    view = _view(settings)
     return {
         "fade": rule.fade(view) or None,
-        "recheck": rule.recheck(view) if box else None,
+        "recheck": rule.recheck(view) if view.domain == "box" else None,
         "closure": rule.closure(view) or None,
     }
 
