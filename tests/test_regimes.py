@@ -130,6 +130,32 @@ def test_the_verdict_names_the_cells_short_of_each_target():
     assert v["whole_mass_below_0.9"] == ["fmnist-160"]
 
 
+def test_the_verdict_names_the_cells_over_twice_locals_time_with_papers():
+    """A cell where the entry's run takes over 2x Local's time (as the table rounds it)
+    is named with its ratio, and with Algorithm 1's (``paper``) on the same cell where
+    asked."""
+
+    def run(cell, entry, seconds):
+        return {"cell": cell, "entry": entry, "seed": 0, "accuracy": 0.55, "loss": 1.0,
+                "diverged": False, "seconds": seconds, "mass_inside": 1.0,
+                "mass_pulled_inside": 1.0, "w_within": 0.7, "w_across": 0.01}  # fmt: skip
+
+    rows = [run(c, e, 10.0) for c in ("fmnist-160", "mnist1d-16") for e in ("local", "oracle")]
+    rows = [dict(r, accuracy=0.5 if r["entry"] == "local" else 0.6) for r in rows]
+    rows += [run("fmnist-160", "cobo", 27.0), run("fmnist-160", "paper", 22.0)]
+    rows += [run("mnist1d-16", "cobo", 20.4), run("mnist1d-16", "paper", 30.0)]
+    table = report.summarize(rows)
+    assert report.verdict(table, "cobo", "paper")["over_cost_bar"] == [("fmnist-160", 2.7, 2.2)]
+    assert report.verdict(table, "cobo")["over_cost_bar"] == [("fmnist-160", 2.7, None)]
+    assert [c for c, *_ in report.verdict(table, "paper")["over_cost_bar"]] == [
+        "fmnist-160",
+        "mnist1d-16",
+    ]
+    assert report._dear(report.verdict(table, "cobo", "paper")["over_cost_bar"]) == (
+        "fmnist-160 2.7× (paper 2.2×)"
+    )
+
+
 def test_gpu_cells_and_devices_are_chosen_explicitly():
     """Cells marked ``gpu`` run only when named or on a GPU; ``--device`` and
     ``--data-root`` reach the runs' configs (not the generated data sets' roots)."""
