@@ -1,3 +1,3 @@
 """The package's version, below every module that records it (provenance, the API)."""
 
-__version__ = "0.9.0"
+__version__ = "0.8.0"

@@ -77,7 +77,7 @@ WORKLOAD_COBO = {"sampling": "constant", "start_all_pairs": False}
 def entry_overrides(entry: str) -> dict:
     """The config keys of a bench entry (module docstring); an unknown one raises."""
     from raycobo.algorithms import method_names
-    from raycobo.algorithms.cobo.settings import PRESET_KEYS, CoBoConfig
+    from raycobo.algorithms.cobo.settings import PRESET_KEYS, PRESETS
 
     if entry in method_names():
         return {"algorithm.name": entry}
@@ -85,8 +85,8 @@ def entry_overrides(entry: str) -> dict:
         return {"algorithm.name": "cobo", "algorithm.preset": "paper"}
     key = entry.removeprefix("cobo-")
     if entry.startswith("cobo-") and key in PRESET_KEYS:
-        value = CoBoConfig(preset="paper").value(key)  # a step left null: the score's
-        if value == WORKLOAD_COBO.get(key, CoBoConfig().value(key)):
+        value = PRESETS["paper"][key]
+        if value == WORKLOAD_COBO.get(key, PRESETS["raycobo"][key]):
             raise ConfigError(
                 f"--algorithms: {entry} measures nothing here: every row's CoBo runs with "
                 f"{key} = {value} already"

@@ -134,8 +134,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 # stored configs start with this line (``Config.to_yaml``); this version reads those that
 # versions from READS_FROM on wrote (0.8.0: CoBo's fade, recheck and closure are gone,
-# folded into pull_threshold; 0.9.0's gamma and gamma_decay follow the score where left
-# null, and a stored config has them written out, so 0.8.0's read as they ran)
+# folded into pull_threshold)
 WRITTEN_BY = "# written by raycobo "
 READS_FROM = "0.8.0"
 

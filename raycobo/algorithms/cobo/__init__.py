@@ -14,7 +14,7 @@ Each round t:
 2. model training (Eq. 2 / Eq. 3), synchronous in the round-t models:
    x_i <- x_i - eta * (g_i(x_i) + rho * sum_k w_ik (x_i - x_k)).
 
-The parts, one module each: ``score`` (Eq. 1's score of a pair and its step), ``wstep`` (Eq. 1's
+The parts, one module each: ``score`` (Eq. 1's score of a pair), ``wstep`` (Eq. 1's
 step on W, its schedule and fade), ``pull`` (Eq. 3), ``proposals`` (pairs scored
 besides the sampler's: re-checks and a collaborator's collaborator), ``weights`` (W,
 dense or sparse), ``rows`` (the
@@ -26,7 +26,7 @@ round), ``settings`` (the keys and the presets ``paper``, ``authors`` and
 from raycobo.algorithms.cobo.method import CoBo, CoBoState
 from raycobo.algorithms.cobo.pull import penalized_step, pull_weights
 from raycobo.algorithms.cobo.rows import RowStep
-from raycobo.algorithms.cobo.score import Step, register_score
+from raycobo.algorithms.cobo.score import register_score
 from raycobo.algorithms.cobo.settings import PRESETS, CoBoConfig, Sampling, register_preset
 from raycobo.algorithms.cobo.sparse import SparseBoxWeights
 from raycobo.algorithms.cobo.weights import initial_weights
@@ -42,7 +42,6 @@ __all__ = [
     "RowStep",
     "Sampling",
     "SparseBoxWeights",
-    "Step",
     "WStep",
     "alignment_scores",
     "initial_weights",

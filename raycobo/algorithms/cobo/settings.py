@@ -15,7 +15,6 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from raycobo.algorithms.cobo.score import step_of
 from raycobo.algorithms.pairs import ALIGN_BATCHES_MAX, SCORES
 from raycobo.algorithms.samplers import SAMPLINGS
 from raycobo.algorithms.settings import MethodConfig
@@ -36,15 +35,15 @@ def register_preset(name: str, base: str | None = None, **values: Any) -> dict[s
     return own
 
 
-# Algorithm 1 as printed: the inner product with its step (a constant gamma, score.INNER),
-# the penalty summed over collaborators, W^0 = 1. gamma and gamma_decay null: the score's
+# Algorithm 1 as printed: the inner product, a constant gamma (0.01, as measured on the
+# cross-device twin, FIDELITY.md), the penalty summed over collaborators, W^0 = 1
 register_preset(
     "paper",
     alignment="inner",
     alignment_batches=1,
     cosine_floor=0.3,
-    gamma=None,
-    gamma_decay=None,
+    gamma=0.01,
+    gamma_decay="none",
     pull="sum",
     pull_strength=0.2,
     pull_threshold=0.0,
@@ -57,16 +56,13 @@ register_preset(
     order="weights_first",
 )
 # the authors' code where it differs from Algorithm 1 (FIDELITY.md, cobo-ablation-code):
-# the cosine as the score, with the paper's constant gamma 0.01 where the cosine's own
-# step decays, model-step momentum 0.9 (optim/cobo_optim.py), W updated at
+# the cosine as the score, model-step momentum 0.9 (optim/cobo_optim.py), W updated at
 # the stepped models' midpoints (train.py), each client its own x^0 (clients.py), and
 # p = 2/n, then 1/sqrt(t) (grouping.py)
 register_preset(
     "authors",
     base="paper",
     alignment="cosine",
-    gamma=0.01,
-    gamma_decay="none",
     sampling="mixed_sqrt",
     momentum=0.9,
     init="independent",
@@ -79,6 +75,8 @@ register_preset(
     base="paper",
     alignment="bounded",
     alignment_batches=2,
+    gamma=3.0,
+    gamma_decay="sqrt",
     pull="mean",
     pull_strength=0.5,
     pull_threshold=0.5,
@@ -136,22 +134,8 @@ WHEN: dict[str, tuple[Needs, ...]] = {
 }
 
 
-# keys a preset may leave null too: then the score's own step gives them (score.Step)
-BY_SCORE = {
-    "gamma": lambda step: step.gamma,
-    "gamma_decay": lambda step: "sqrt" if step.decays else "none",
-}
-
-
 def _by_preset(key: str) -> str:
-    def shown(value: Any) -> str:
-        return "the score's" if value is None else str(value)
-
-    values = ", ".join(f"{p} {shown(v[key])}" for p, v in PRESETS.items())
-    if key not in BY_SCORE:
-        return f" (null: the preset's: {values})"
-    steps = ", ".join(f"{s} {BY_SCORE[key](step_of(s))}" for s in ("inner", "cosine", "bounded"))
-    return f" (null: the preset's: {values}; the score's: {steps})"
+    return " (null: the preset's: " + ", ".join(f"{p} {v[key]}" for p, v in PRESETS.items()) + ")"
 
 
 def _key(description: str, key: str, **constraints: Any):
@@ -215,13 +199,7 @@ class CoBoConfig(MethodConfig):
     rho: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(
         default="auto", description="rho: strength of the pull toward collaborators"
     )
-    gamma: float | None = _key(
-        "gamma: W step size, in the score's units (each score has its own: a score in "
-        "[-1, 1] moves w_ij by at most gamma a sample, the inner product by gamma times "
-        "the squared gradients' scale)",
-        "gamma",
-        gt=0,
-    )
+    gamma: float | None = _key("gamma: W step size", "gamma", gt=0)
     alignment: str | None = _key(
         "Eq. (1)'s score: inner, the inner product <g_i, g_j> (paper); cosine, its cosine "
         "(scale-free); bounded, the cosine with a floor under its denominator (shrinks as "
@@ -243,7 +221,7 @@ class CoBoConfig(MethodConfig):
         gt=0,
     )
     gamma_decay: Literal["none", "sqrt"] | None = _key(
-        "W step schedule: constant gamma (Algorithm 1), or gamma / sqrt(1 + k_t), k_t the "
+        "W step schedule: constant gamma (paper), or gamma / sqrt(1 + k_t), k_t the "
         "samples a pair has had in expectation before round t (a pair the pull reads "
         "counts the re-checks': the sum of max(p_tau, their rate))",
         "gamma_decay",
@@ -350,9 +328,6 @@ class CoBoConfig(MethodConfig):
         for key, value in PRESETS[self.preset].items():
             if out[key] is None:
                 out[key] = value
-        for key, of_step in BY_SCORE.items():
-            if out[key] is None:
-                out[key] = of_step(step_of(out["alignment"]))
         changed = True
         while changed:  # a key left out may leave out the keys that need it
             changed = False
@@ -430,13 +405,8 @@ class PresetView:
 
 
 def _resolved(cfg: Any, key: str) -> Any:
-    """``cfg.key``, or where it is null its preset's value, or where that is null too
-    (``BY_SCORE``) the score's step's (``cfg``: CoBo's settings, or a wrapper that
-    reads them key by key)."""
+    """``cfg.key``, or where it is null its preset's value (``cfg``: CoBo's settings, or
+    a wrapper that reads them key by key)."""
     have = getattr(cfg, key)
     preset = PRESETS[cfg.preset]
-    if have is None and key in preset:
-        have = preset[key]
-    if have is None and key in BY_SCORE:
-        return BY_SCORE[key](step_of(_resolved(cfg, "alignment")))
-    return have
+    return preset[key] if have is None and key in preset else have

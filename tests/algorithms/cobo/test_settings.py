@@ -56,39 +56,6 @@ def test_the_authors_preset_is_their_code():
     assert (pinned.momentum, pinned.order, pinned.preset) == (0.9, "models_first", "authors")
 
 
-def test_gamma_and_its_schedule_are_the_scores_unless_set(monkeypatch):
-    """gamma and gamma_decay left null by the preset take the score's step: a score in
-    [-1, 1] (cosine, bounded, a plugin's by default) 3 / sqrt(1 + k_t), the inner product
-    a constant 0.01, whichever preset names the score; a preset's value (authors: the
-    cosine at a constant 0.01) or a key set wins, and a run writes the values out."""
-    from raycobo.algorithms import pairs
-    from raycobo.algorithms.cobo.score import STEPS, Step, register_score
-
-    def step(**keys):
-        algo = CoBo(CoBoConfig(**keys), rounds=10, seed=0)
-        return algo.cfg.alignment, algo.schedule.gamma, algo.schedule.decays
-
-    assert step() == ("bounded", 3.0, True)
-    assert step(preset="paper") == ("inner", 0.01, False)
-    assert step(alignment="inner") == ("inner", 0.01, False)
-    assert step(alignment="cosine") == ("cosine", 3.0, True)
-    assert step(preset="paper", alignment="bounded") == ("bounded", 3.0, True)
-    assert step(preset="authors") == ("cosine", 0.01, False)
-    assert step(preset="authors", alignment="bounded") == ("bounded", 0.01, False)
-    assert step(alignment="inner", gamma=0.5) == ("inner", 0.5, False)
-    assert step(preset="paper", gamma_decay="sqrt") == ("inner", 0.01, True)
-    pinned = CoBoConfig(preset="paper", alignment="bounded").pinned()
-    assert (pinned.gamma, pinned.gamma_decay) == (3.0, "sqrt")
-
-    for name in ("halved", "unit"):  # registered below, removed after the test
-        monkeypatch.setitem(pairs.SCORES, name, None)
-        monkeypatch.setitem(STEPS, name, None)
-    register_score("halved", step=Step(0.5, decays=False))(lambda a, b, floor=0.0: a.sum(1))
-    register_score("unit")(lambda a, b, floor=0.0: a.sum(1))
-    assert step(alignment="halved") == ("halved", 0.5, False)
-    assert step(alignment="unit") == ("unit", 3.0, True)
-
-
 def test_a_registered_preset_runs_and_is_written_out(quad_cfg, tmp_path):
     """A preset registered from another (here raycobo with the plain cosine) is chosen by
     name, and a run records its values."""
