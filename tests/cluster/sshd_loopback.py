@@ -10,6 +10,7 @@ there) and the environment the test asks for. Clients reach the port through
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -57,6 +58,21 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port on 127.0.0.1 in {QUIET_PORTS.start}-{QUIET_PORTS.stop - 1}")
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` now (children, theirs, ...), from ``ps``."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)
+    children: dict[int, list[int]] = {}
+    for line in out.stdout.splitlines():
+        child, parent = (int(x) for x in line.split())
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 class LoopbackSSH:
@@ -181,8 +197,14 @@ class LoopbackSSH:
         )
 
     def stop(self) -> None:
+        """The server, and the sessions it forked: sshd -D leaves them running when it is
+        stopped (with their clients' relays waiting on them)."""
         if self.proc is not None and self.proc.poll() is None:
+            sessions = descendants(self.proc.pid)
             self.proc.send_signal(signal.SIGTERM)
+            for pid in sessions:
+                with contextlib.suppress(ProcessLookupError):  # ended with the server
+                    os.kill(pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
