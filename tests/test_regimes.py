@@ -151,7 +151,7 @@ def test_the_verdict_names_the_cells_over_twice_locals_time_with_papers():
         "fmnist-160",
         "mnist1d-16",
     ]
-    assert report._dear(report.verdict(table, "cobo", "paper")["over_cost_bar"]) == (
+    assert report._dear(report.verdict(table, "cobo", "paper")["over_cost_bar"], "paper") == (
         "fmnist-160 2.7× (paper 2.2×)"
     )
 

@@ -320,11 +320,12 @@ def markdown_unclustered(table: dict, entries: list[str]) -> str:
 COST_BAR = 2.0  # issue #67: a run at most this many times Local's on the same cell
 
 
-def _dear(cells: list[tuple]) -> str:
-    """The cells over ``COST_BAR``: "cell 2.7× (paper 2.2×)" each."""
+def _dear(cells: list[tuple], beside: str | None = None) -> str:
+    """The cells over ``COST_BAR``: "cell 2.7× (paper 2.2×)" each, with ``beside``'s
+    ratio where it has one."""
     return _names(
         [
-            f"{cell} {ratio:.1f}×" + ("" if other is None else f" (paper {other:.1f}×)")
+            f"{cell} {ratio:.1f}×" + ("" if other is None else f" ({beside} {other:.1f}×)")
             for cell, ratio, other in cells
         ]
     )
@@ -336,7 +337,7 @@ def verdict(table: dict, entry: str, beside: str | None = None) -> dict:
     ``COST_BAR``)."""
     gaps, worst, below_local, short, low_mass, low_whole, div = [], None, [], [], [], [], []
     cost = []  # the entry's seconds over Local's on the same cell (one CPU thread each)
-    dear = []  # (cell, that ratio, paper's there) where the ratio is over COST_BAR
+    dear = []  # (cell, that ratio, beside's there) where the ratio is over COST_BAR
     unclustered, short_of_best = [], []
     for cell in table:
         v = table[cell].get(entry)
@@ -547,14 +548,15 @@ def main() -> int:
         lines += [unclustered, ""]
     cobo = {r["entry"] for r in rows if r.get("method") == "cobo"} - {"paper"}
     for e in entries:
-        v = verdict(table, e, "paper" if e in cobo else None)
+        beside = "paper" if e in cobo else None
+        v = verdict(table, e, beside)
         med = "-" if v["median_gap"] is None else f"{100 * v['median_gap']:.0f} %"
         worst = "-" if v["worst_gap"] is None else f"{100 * v['worst_gap']:.0f} %"
         cost = "-" if v["median_cost"] is None else f"{v['median_cost']:.1f}x"
         lines.append(
             f"- `{e}`: {v['cells']} cells with a gap, median closed {med}, worst {worst}; "
             f"time a run against Local's (median over the cells) {cost}, over "
-            f"{COST_BAR:g}× on {_dear(v['over_cost_bar'])}; "
+            f"{COST_BAR:g}× on {_dear(v['over_cost_bar'], beside)}; "
             f"below Local: {_names(v['below_local'])}; under 75 % of the gap: "
             f"{_names(v['below_0.75'])}; pulled mass inside < 0.9: "
             f"{_names(v['mass_below_0.9'])}; whole-W mass inside < 0.9: "
