@@ -12,7 +12,10 @@ parts of the pairs, each part reduced to its scores before the next. Every layou
 each row for the same minibatch and gives each pair the same score, the shared points'
 to float rounding (tested). A score is a function (G_i, G_j, floor) -> (E,) registered
 by name (``register_score``); ``floor`` is the least denominator a bounded score divides
-by.
+by. The built-in scores read only the ends' inner products and norms, so an ops that
+computes those without writing the gradients (``scores_by_grams``: the local engine's
+MLP where its layers are wide enough for that to be cheaper) is asked for them instead,
+to float rounding the same scores (tested).
 
 The draws: end i of pair (i, j) is client i's stream ALIGN salted by j (and end j by
 i), minibatch b > 0 by that salt + b * ALIGN_SALT_STRIDE, a salt no client id reaches.
@@ -29,6 +32,9 @@ from raycobo import rng
 
 ScoreFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 SCORES: dict[str, ScoreFn] = {}
+# a score as a function of its ends' inner products (``GRAM_FORMS``, below)
+GramFn = Callable[[torch.Tensor, float], torch.Tensor]
+GRAM_FORMS: dict[str, GramFn] = {}
 ALIGN_SALT_STRIDE = 1 << 24
 ALIGN_BATCHES_MAX = 64
 # what a round holds per pair scored besides its gradients: the pair, its key, its score
@@ -41,6 +47,7 @@ def register_score(name: str) -> Callable[[ScoreFn], ScoreFn]:
 
     def add(fn: ScoreFn) -> ScoreFn:
         SCORES[name] = fn
+        GRAM_FORMS.pop(name, None)  # a score registered again is read from its gradients
         return fn
 
     return add
@@ -68,7 +75,26 @@ def bounded(G_i: torch.Tensor, G_j: torch.Tensor, floor: float = 0.0) -> torch.T
 def _over_norms(G_i: torch.Tensor, G_j: torch.Tensor, floor: float) -> torch.Tensor:
     dot = torch.linalg.vecdot(G_i, G_j)
     norms = torch.linalg.vector_norm(G_i, dim=1) * torch.linalg.vector_norm(G_j, dim=1)
+    return _over(dot, norms, floor)
+
+
+def _over(dot: torch.Tensor, norms: torch.Tensor, floor: float) -> torch.Tensor:
     return dot / norms.clamp_min(max(floor, 1e-12))
+
+
+def _norms(grams: torch.Tensor) -> torch.Tensor:
+    """||g_i|| ||g_j|| from (E, 3) inner products (<g_i, g_j>, ||g_i||^2, ||g_j||^2)."""
+    return grams[:, 1].clamp_min(0).sqrt() * grams[:, 2].clamp_min(0).sqrt()
+
+
+# the built-in scores as functions of the ends' inner products (<g_i, g_j>, ||g_i||^2,
+# ||g_j||^2), (E, 3), for an ops that computes those without the gradients
+# (``scores_by_grams``); a score registered without one is computed from the gradients
+GRAM_FORMS.update(
+    inner=lambda grams, floor: grams[:, 0],
+    cosine=lambda grams, floor: _over(grams[:, 0], _norms(grams), 0.0),
+    bounded=lambda grams, floor: _over(grams[:, 0], _norms(grams), floor),
+)
 
 
 def alignment_scores(
@@ -296,12 +322,23 @@ def answer(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:
     # that outlives its part splits the free block the next part needs in a heap that
     # is never trimmed (``engine.memory.keep_freed_memory``)
     scores = req.models.new_empty(E)
+    gram = GRAM_FORMS.get(req.score) if by_grams(ops, req.batches) else None
     for a, b in pair_parts(E, per // (2 * req.batches)):
         clients, Z, salts = shared_rows(req, a, b)
+        if gram is not None:
+            scores[a:b] = gram(ops.pair_grams(clients, Z, t, rng.ALIGN, salts), req.floor)
+            continue
         G, _ = ops.grads(clients, Z, t, rng.ALIGN, salts)
         scores[a:b] = scores_from(req, G, by_pair=True)
         del clients, Z, salts, G
     return scores, req.models.new_zeros(0)
+
+
+def by_grams(ops, batches: int) -> bool:
+    """Whether ``ops`` answers pair scores of ends of ``batches`` minibatches from their
+    inner products (its optional ``scores_by_grams`` and ``pair_grams``)."""
+    pays = getattr(ops, "scores_by_grams", None)
+    return pays is not None and bool(pays(batches))
 
 
 def answer_rows(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -202,6 +202,29 @@ class VectorizedOps(_SupervisedBase):
             row += values.shape[0] * R
         return G, L
 
+    def scores_by_grams(self, batches: int) -> bool:
+        """Whether pair scores of ends of ``batches`` minibatches are cheaper from the
+        model's per-sample factors (``pair_grams``) than from written gradients."""
+        grams = self.model.pair_grams
+        return self.fused and grams is not None and grams.pays(batches * self.batches.batch_size)
+
+    def pair_grams(self, clients, Z: SharedPoints, round, stream, salt=0) -> torch.Tensor:
+        """For each point of ``Z`` (one segment of 2k rows a point: end i's k minibatches,
+        then end j's; ``pairs.shared_rows``) the inner products <g_i, g_j>, ||g_i||^2 and
+        ||g_j||^2 of its two ends' gradients, each the mean of its k minibatches', from
+        the model's per-sample factors: no gradient is written. -> (U, 3)"""
+        m = clients.numel()
+        salts, streams = rng.per_row(salt, m), rng.per_row(stream, m)
+        ((values, R),) = Z.segments
+        out = values.new_empty(values.shape[0], 3)
+        # calls of whole points, none of one point but a lone point's own: a reduction
+        # over one row may split between threads (``pairs.pair_parts``)
+        for u, v in pairs.pair_parts(values.shape[0], self.chunk_size // R):
+            a, b = u * R, v * R
+            xb, yb = self.batches.batch(clients[a:b], round, streams[a:b], salts[a:b])
+            out[u:v] = self.model.pair_grams(values[u:v].detach(), xb, yb)
+        return out
+
     def grads(self, clients, Z, round, stream, salt=0):
         m = clients.numel()
         salts, streams = rng.per_row(salt, m), rng.per_row(stream, m)

@@ -55,6 +55,8 @@ class FunctionalModel:
     _batched_parts: Callable[[list[torch.Tensor], torch.Tensor], torch.Tensor] | None = None
     # optional fused cross-entropy loss + gradient: (P, x, y, G_out) -> losses (m,)
     loss_grad: Callable[..., torch.Tensor] | None = None
+    # optional pair scores' inner products from per-sample factors (``PairGrams``)
+    pair_grams: PairGrams | None = None
 
     def __post_init__(self) -> None:
         named = list(self.module.named_parameters())
@@ -169,14 +171,7 @@ def _mlp_loss_grad(sizes: list[int]) -> Callable[..., torch.Tensor]:
     ) -> torch.Tensor:
         m, B = x.shape[0], x.shape[1]
         U, rows, S = m // R, m // means, means * B  # points, gradient rows, samples per row
-        acts = [x.reshape(U, R * B, -1)]  # inputs of each layer, (U, R B, in)
-        h = acts[0]
-        for i, (w0, b0, end, a, b) in enumerate(layers):
-            W = P[:, w0:b0].view(U, b, a)  # (U, out, in)
-            h = torch.baddbmm(P[:, b0:end].view(U, 1, b), h, W.transpose(1, 2))  # (U, R B, out)
-            if i < len(layers) - 1:
-                h = h.clamp_min_(0)
-                acts.append(h)
+        acts, h = _mlp_forward(layers, P, x.reshape(U, R * B, -1))  # inputs of each layer
         logp = torch.log_softmax(h, dim=-1)  # (U, R B, C)
         nll = -logp.gather(-1, y.reshape(U, R * B)[..., None]).squeeze(-1)
         loss = nll.view(m, B).mean(dim=1)  # (m,)
@@ -199,12 +194,70 @@ def _mlp_loss_grad(sizes: list[int]) -> Callable[..., torch.Tensor]:
     return loss_grad
 
 
+class PairGrams:
+    """Pair scores' inner products from the MLP's per-sample factors, no gradient written.
+
+    A layer's weight gradient over S samples is D^T A (D: the loss's derivatives at its
+    outputs, A: its inputs, a row per sample), so the inner product of two such gradients
+    is sum((D_i D_j^T) * (A_i A_j^T + 1)) (the + 1: the bias), summed over the layers:
+    S x S products instead of the rows of d floats ``loss_grad`` writes and the score then
+    reads. Called with P (U, d) points, each asked by a pair's two ends, and x (2 k U, B,
+    ...), y (2 k U, B) point-major (the point's end i's k minibatches, then end j's: its
+    ``SharedPoints`` rows) -> (U, 3): <g_i, g_j>, ||g_i||^2, ||g_j||^2, each g the mean
+    gradient of its end's k B samples. ``pays`` says where this is the cheaper way."""
+
+    def __init__(self, sizes: list[int]):
+        self.layers = mlp_layers(sizes)
+
+    def pays(self, samples: int) -> bool:
+        """Whether for ends of ``samples`` samples the factors' three S x S products a
+        layer take fewer multiply-adds than its two weight gradients (at 784-64-10 and S
+        = 64 they take 1.7 times as many; at 784-128-10 about as many; measured:
+        benchmarks/gram_scores.py)."""
+        S = samples
+        factors = sum(3 * S * S * (a + b) for *_, a, b in self.layers)
+        written = sum(2 * S * (a * b + b) for *_, a, b in self.layers)
+        return factors < written
+
+    def __call__(self, P: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        U, S = P.shape[0], x.shape[0] * x.shape[1] // (2 * P.shape[0])
+        acts, h = _mlp_forward(self.layers, P, x.reshape(U, 2 * S, -1))
+        delta = torch.log_softmax(h, dim=-1).exp_()  # (softmax - onehot) / S
+        delta.scatter_add_(-1, y.reshape(U, 2 * S, 1), torch.full_like(delta[..., :1], -1.0))
+        delta /= S
+        out = P.new_zeros(3, U)
+        one = P.new_ones(1, 1, 1)
+        for i in range(len(self.layers) - 1, -1, -1):
+            A, D = acts[i].view(U, 2, S, -1), delta.view(U, 2, S, -1)
+            for row, (p, q) in enumerate(((0, 1), (0, 0), (1, 1))):
+                KA = torch.baddbmm(one, A[:, p], A[:, q].transpose(1, 2))
+                KD = torch.bmm(D[:, p], D[:, q].transpose(1, 2))
+                out[row] += torch.linalg.vecdot(KA.view(U, -1), KD.view(U, -1))
+            if i > 0:
+                w0, b0, _, a, b = self.layers[i]
+                delta = torch.bmm(delta, P[:, w0:b0].view(U, b, a)) * (acts[i] > 0)
+        return out.T
+
+
+def _mlp_forward(layers, P: torch.Tensor, h: torch.Tensor):
+    """The batched MLP at points P (U, d) on h (U, n, in): (every layer's inputs, logits)."""
+    U, acts = P.shape[0], [h]
+    for i, (w0, b0, end, a, b) in enumerate(layers):
+        W = P[:, w0:b0].view(U, b, a)  # (U, out, in)
+        h = torch.baddbmm(P[:, b0:end].view(U, 1, b), h, W.transpose(1, 2))  # (U, n, out)
+        if i < len(layers) - 1:
+            h = h.clamp_min_(0)
+            acts.append(h)
+    return acts, h
+
+
 def build_mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> FunctionalModel:
     in_features = math.prod(input_shape)
     module = MLP(in_features, list(cfg.hidden), num_classes)
     fm = FunctionalModel("mlp", module, tuple(input_shape), num_classes)
     fm._batched_parts = _mlp_batched([in_features, *cfg.hidden, num_classes])
     fm.loss_grad = _mlp_loss_grad([in_features, *cfg.hidden, num_classes])
+    fm.pair_grams = PairGrams([in_features, *cfg.hidden, num_classes])
     return fm
 
 

@@ -437,6 +437,59 @@ def test_an_ends_minibatches_as_one_gradient_give_their_mean(digits_cfg):
     assert_close(fused, plain, atol=1e-6, rtol=1e-5)
 
 
+GRAMS = ["batch_size=4", "model.hidden=[32]", "algorithm.name=cobo"]  # S = 8: they pay
+
+
+def test_pair_scores_from_the_ends_inner_products(digits_cfg, monkeypatch):
+    """Where the MLP's per-sample factors are the cheaper way (small minibatches here)
+    the local engine answers pair scores from the ends' inner products, without writing
+    a gradient: each built-in score that of the written gradients, to float rounding; a
+    score registered by a plugin is read from the gradients; and CoBo's run agrees with
+    the per-client loop's."""
+    from raycobo.algorithms import pairs
+    from raycobo.algorithms.pairs import PairScores, answer
+
+    data, ops, algo = build(digits_cfg(*GRAMS, "rounds=3"))
+    assert ops.scores_by_grams(2) and not ops.scores_by_grams(64)
+    X = run_rounds(algo, ops, 3).X
+    n = X.shape[0]
+    i, j = torch.triu_indices(n, n, 1)
+    for score in ("inner", "cosine", "bounded"):
+        req = PairScores(torch.stack([i, j], 1), X, 2, score, 0.3)
+        grams, _ = answer(ops, req, 5)
+        with monkeypatch.context() as m:
+            m.setattr(ops, "scores_by_grams", lambda k: False)
+            written, _ = answer(ops, req, 5)
+        assert_close(grams, written, atol=1e-6, rtol=1e-5)
+    monkeypatch.setitem(pairs.SCORES, "mine", pairs.SCORES["inner"])
+    monkeypatch.setattr(ops, "pair_grams", None)  # would fail if asked
+    answer(ops, PairScores(torch.stack([i, j], 1), X, 2, "mine"), 5)
+    cfg = digits_cfg(*GRAMS, "algorithm.sampling=full")
+    (Xv, Wv), (Xl, Wl) = [(s.X, s.W) for _, _, s in on_engines(cfg, 3)]
+    assert_close(Xv, Xl, atol=1e-5, rtol=1e-4)
+    assert_close(Wv, Wl, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pair_grams_asked_in_parts_give_the_one_requests_numbers(digits_cfg, threads):
+    """The ends' inner products of a round asked a few pairs at a time, or a few points a
+    call: the state after the rounds is the one of a single request, bit for bit."""
+    from tests.helpers import assert_trees_equal
+
+    cfg = digits_cfg(*GRAMS, "algorithm.sampling=full", "data.partition.clients_per_cluster=4")
+    data, ops, algo = build(cfg)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        whole = run_rounds(algo, ops, 4)
+        ops.request_rows = ops.chunk_size = 4 * 3 + 1  # parts of 3 pairs, calls of 3 points
+        ops.shared_part_rows = None
+        parted = run_rounds(algo, ops, 4)
+    finally:
+        torch.set_num_threads(before)
+    assert_trees_equal(whole.__dict__, parted.__dict__)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
     ("overrides", "per"),
@@ -467,6 +520,7 @@ def test_a_round_asked_in_parts_gives_the_one_requests_numbers(digits_cfg, overr
     assert pair_parts(0, 4) == [] and pair_parts(6, 1) == [(0, 2), (2, 4), (4, 6)]
     cfg = digits_cfg("algorithm.name=cobo", "rounds=6", *overrides)
     data, ops, algo = build(cfg)
+    ops.scores_by_grams = lambda k: False  # the gradients' parts (the grams': above)
     calls, grads = [], ops.grads
     ops.grads = lambda *a, **kw: calls.append(a[0].numel()) or grads(*a, **kw)
     before = torch.get_num_threads()

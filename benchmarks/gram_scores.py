@@ -1,0 +1,109 @@
+"""Pair scores without writing the gradients (#73): the MLP's per-sample factors against
+the local engine's fused pass.
+
+The local engine answers a pair's score at its midpoint by writing each end's gradient
+(the mean over its k minibatches: one row of d floats per end, ``_mlp_loss_grad`` with
+``means = k``) and then reducing the two rows to their inner product and norms. For an
+MLP the rows need not be written: a layer's weight gradient is D^T A (D the derivatives
+at its outputs, A its inputs, one row per sample, S = k B samples an end), so
+
+    <g_i, g_j> = sum over layers of sum((D_i D_j^T) * (A_i A_j^T + 1))
+
+(the + 1 is the bias), and the squared norms are the same with i = j. The scores then
+come from S x S products of per-sample factors. At the default width (784-64-10, S = 64)
+the first layer's three products cost 3 S^2 784 multiply-adds a pair against the weight
+gradients' 2 S 784 64, so the factors trade a pass over the gradient rows for half as
+much arithmetic again; they win only where a layer is wider than 1.5 S.
+
+Both are timed in one process, interleaved, on the same pairs (forward, backward and the
+scores' inner products and norms; no minibatch gathers), and their scores compared.
+
+Usage: python benchmarks/gram_scores.py [--pairs 20,80] [--hidden 64] [--batches 2]
+       [--threads N] [--repeats 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from raycobo.models import _mlp_loss_grad, mlp_layers
+
+B = 32  # samples a minibatch
+
+
+def written(lg, P, x, y, k: int, d: int):
+    """The engine's way: each end's gradient written (2 rows a pair), then reduced."""
+    G = torch.empty(2 * P.shape[0], d)
+    lg(P, x, y, G, 2 * k, k)
+    Gi, Gj = G[0::2], G[1::2]
+    norms = torch.linalg.vector_norm(Gi, dim=1) * torch.linalg.vector_norm(Gj, dim=1)
+    return torch.linalg.vecdot(Gi, Gj), norms
+
+
+def factors(layers, P, x, y, k: int, d: int):
+    """The scores from the per-sample factors: no gradient row is written."""
+    U, S = P.shape[0], k * B
+    h = x.reshape(U, 2 * S, -1)
+    acts = [h]
+    for i, (w0, b0, end, a, b) in enumerate(layers):
+        W = P[:, w0:b0].view(U, b, a)
+        h = torch.baddbmm(P[:, b0:end].view(U, 1, b), h, W.transpose(1, 2))
+        if i < len(layers) - 1:
+            h = h.clamp_min_(0)
+            acts.append(h)
+    delta = torch.log_softmax(h, dim=-1).exp_()
+    delta.scatter_add_(-1, y.reshape(U, 2 * S)[..., None], torch.full_like(delta[..., :1], -1.0))
+    delta /= S
+    ij, ii, jj = (torch.zeros(U) for _ in range(3))
+    one = torch.ones(1, 1, 1)
+    for i in range(len(layers) - 1, -1, -1):
+        w0, b0, end, a, b = layers[i]
+        A, D = acts[i].view(U, 2, S, -1), delta.view(U, 2, S, -1)
+        for out, (p, q) in ((ij, (0, 1)), (ii, (0, 0)), (jj, (1, 1))):
+            KA = torch.baddbmm(one, A[:, p], A[:, q].transpose(1, 2))
+            KD = torch.bmm(D[:, p], D[:, q].transpose(1, 2))
+            out += torch.linalg.vecdot(KA.view(U, -1), KD.view(U, -1))
+        if i > 0:
+            delta = torch.bmm(delta, P[:, w0:b0].view(U, b, a)) * (acts[i] > 0)
+    return ij, (ii * jj).sqrt()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", default="20,80")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--batches", type=int, default=2, help="minibatches an end (k)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=25)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = [784, args.hidden, 10]
+    layers, lg, k = mlp_layers(sizes), _mlp_loss_grad(sizes), args.batches
+    d = layers[-1][2]
+    torch.manual_seed(0)
+    print(f"MLP {sizes}, k = {k}, batch {B}, {torch.get_num_threads()} threads")
+    for U in (int(p) for p in args.pairs.split(",")):
+        P = torch.randn(U, d) * 0.05
+        x = torch.randn(2 * k * U, B, 784)
+        y = torch.randint(0, 10, (2 * k * U, B))
+        (dot_w, nrm_w), (dot_f, nrm_f) = written(lg, P, x, y, k, d), factors(layers, P, x, y, k, d)
+        cos_gap = (dot_w / nrm_w - dot_f / nrm_f).abs().max().item()
+        times: dict[str, list[float]] = {"written": [], "factors": []}
+        for _ in range(args.repeats):
+            for name, fn in (("written", written), ("factors", factors)):
+                t = time.perf_counter()
+                fn(lg if name == "written" else layers, P, x, y, k, d)
+                times[name].append(time.perf_counter() - t)
+        w, f = min(times["written"]), min(times["factors"])
+        print(
+            f"{U} pairs: written {1e3 * w:.2f} ms, factors {1e3 * f:.2f} ms "
+            f"(x{f / w:.2f}, best of {args.repeats}); largest cosine difference {cos_gap:.1e}"
+        )
+
+
+if __name__ == "__main__":
+    main()
