@@ -14,8 +14,8 @@ to float rounding (tested). A score is a function (G_i, G_j, floor) -> (E,) regi
 by name (``register_score``); ``floor`` is the least denominator a bounded score divides
 by. The built-in scores read only the ends' inner products and norms, so an ops that
 computes those without writing the gradients (``scores_by_grams``: the local engine's
-MLP where its layers are wide enough for that to be cheaper) is asked for them instead,
-to float rounding the same scores (tested).
+MLP, for ends of several minibatches, where its layers are wide enough for that to be
+cheaper) is asked for them instead, to float rounding the same scores (tested).
 
 The draws: end i of pair (i, j) is client i's stream ALIGN salted by j (and end j by
 i), minibatch b > 0 by that salt + b * ALIGN_SALT_STRIDE, a salt no client id reaches.

@@ -204,9 +204,12 @@ class VectorizedOps(_SupervisedBase):
 
     def scores_by_grams(self, batches: int) -> bool:
         """Whether pair scores of ends of ``batches`` minibatches are cheaper from the
-        model's per-sample factors (``pair_grams``) than from written gradients."""
+        model's per-sample factors (``pair_grams``) than from written gradients. Not for
+        one minibatch an end: there the shared points give the plain rows' scores bit for
+        bit (``SharedPoints``), as every engine computes them."""
         grams = self.model.pair_grams
-        return self.fused and grams is not None and grams.pays(batches * self.batches.batch_size)
+        samples = batches * self.batches.batch_size
+        return batches > 1 and self.fused and grams is not None and grams.pays(samples)
 
     def pair_grams(self, clients, Z: SharedPoints, round, stream, salt=0) -> torch.Tensor:
         """For each point of ``Z`` (one segment of 2k rows a point: end i's k minibatches,

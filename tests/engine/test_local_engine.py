@@ -451,6 +451,7 @@ def test_pair_scores_from_the_ends_inner_products(digits_cfg, monkeypatch):
 
     data, ops, algo = build(digits_cfg(*GRAMS, "rounds=3"))
     assert ops.scores_by_grams(2) and not ops.scores_by_grams(64)
+    assert not ops.scores_by_grams(1)  # one minibatch an end: the plain rows' bits
     X = run_rounds(algo, ops, 3).X
     n = X.shape[0]
     i, j = torch.triu_indices(n, n, 1)
