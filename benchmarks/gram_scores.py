@@ -17,9 +17,11 @@ much arithmetic again; they win only where a layer is wider than 1.5 S.
 
 Both are timed in one process, interleaved, on the same pairs (forward, backward and the
 scores' inner products and norms; no minibatch gathers), and their scores compared.
+``--clients N``: whole CoBo rounds of the local engine instead (``raycobo bench
+engine``'s workload, its defaults), each round run from the same state both ways.
 
 Usage: python benchmarks/gram_scores.py [--pairs 20,80] [--hidden 64] [--batches 2]
-       [--threads N] [--repeats 25]
+       [--threads N] [--repeats 25] [--clients N]
 """
 
 from __future__ import annotations
@@ -71,6 +73,41 @@ def factors(layers, P, x, y, k: int, d: int):
     return ij, (ii * jj).sqrt()
 
 
+def rounds(clients: int, hidden: int, batches: int, repeats: int) -> None:
+    """Whole rounds, from the same state each way: the engine's choice against written
+    gradients."""
+    import copy
+    import statistics
+
+    from raycobo.algorithms import build_algorithm
+    from raycobo.bench.common import started
+    from raycobo.bench.engine import workload
+    from raycobo.engine import make_local_ops
+
+    extra = [f"model.hidden=[{hidden}]", f"algorithm.alignment_batches={batches}"]
+    cfg, data = workload("mlp", clients, "local", B, extra)
+    ops = make_local_ops(cfg, data)
+    session = started(build_algorithm(cfg.algorithm, 10**6, 0), ops)
+    chosen = ops.scores_by_grams
+    for t in range(3):
+        session.round(t)
+    times: dict[str, list[float]] = {"written": [], "factors": []}
+    for t in range(3, 3 + repeats):
+        before = copy.deepcopy(session.state)
+        for name in ("written", "factors"):
+            session.state = copy.deepcopy(before)
+            ops.scores_by_grams = chosen if name == "factors" else (lambda k: False)
+            start = time.perf_counter()
+            session.round(t)
+            times[name].append(time.perf_counter() - start)
+    w, f = (statistics.median(times[k]) for k in ("written", "factors"))
+    print(
+        f"{clients} clients, 784-{hidden}-10, {batches} minibatches of {B} an end "
+        f"(factors chosen: {chosen(batches)}): written {1e3 * w:.1f} ms a round, "
+        f"factors {1e3 * f:.1f} ms (x{f / w:.2f}, medians of {repeats} rounds)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", default="20,80")
@@ -78,9 +115,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=2, help="minibatches an end (k)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=25)
+    ap.add_argument("--clients", type=int, default=None, help="time whole rounds")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clients:
+        return rounds(args.clients, args.hidden, args.batches, args.repeats)
     sizes = [784, args.hidden, 10]
     layers, lg, k = mlp_layers(sizes), _mlp_loss_grad(sizes), args.batches
     d = layers[-1][2]
