@@ -327,10 +327,11 @@ def answer(ops, req: PairScores, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         clients, Z, salts = shared_rows(req, a, b)
         if gram is not None:
             scores[a:b] = gram(ops.pair_grams(clients, Z, t, rng.ALIGN, salts), req.floor)
-            continue
-        G, _ = ops.grads(clients, Z, t, rng.ALIGN, salts)
-        scores[a:b] = scores_from(req, G, by_pair=True)
-        del clients, Z, salts, G
+        else:
+            G, _ = ops.grads(clients, Z, t, rng.ALIGN, salts)
+            scores[a:b] = scores_from(req, G, by_pair=True)
+            del G
+        del clients, Z, salts
     return scores, req.models.new_zeros(0)
 
 
