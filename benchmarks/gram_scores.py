@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from raycobo.models import _mlp_loss_grad, mlp_layers
+from raycobo.models import PairGrams, _mlp_loss_grad, mlp_layers
 
 B = 32  # samples a minibatch
 
@@ -45,32 +45,11 @@ def written(lg, P, x, y, k: int, d: int):
     return torch.linalg.vecdot(Gi, Gj), norms
 
 
-def factors(layers, P, x, y, k: int, d: int):
-    """The scores from the per-sample factors: no gradient row is written."""
-    U, S = P.shape[0], k * B
-    h = x.reshape(U, 2 * S, -1)
-    acts = [h]
-    for i, (w0, b0, end, a, b) in enumerate(layers):
-        W = P[:, w0:b0].view(U, b, a)
-        h = torch.baddbmm(P[:, b0:end].view(U, 1, b), h, W.transpose(1, 2))
-        if i < len(layers) - 1:
-            h = h.clamp_min_(0)
-            acts.append(h)
-    delta = torch.log_softmax(h, dim=-1).exp_()
-    delta.scatter_add_(-1, y.reshape(U, 2 * S)[..., None], torch.full_like(delta[..., :1], -1.0))
-    delta /= S
-    ij, ii, jj = (torch.zeros(U) for _ in range(3))
-    one = torch.ones(1, 1, 1)
-    for i in range(len(layers) - 1, -1, -1):
-        w0, b0, end, a, b = layers[i]
-        A, D = acts[i].view(U, 2, S, -1), delta.view(U, 2, S, -1)
-        for out, (p, q) in ((ij, (0, 1)), (ii, (0, 0)), (jj, (1, 1))):
-            KA = torch.baddbmm(one, A[:, p], A[:, q].transpose(1, 2))
-            KD = torch.bmm(D[:, p], D[:, q].transpose(1, 2))
-            out += torch.linalg.vecdot(KA.view(U, -1), KD.view(U, -1))
-        if i > 0:
-            delta = torch.bmm(delta, P[:, w0:b0].view(U, b, a)) * (acts[i] > 0)
-    return ij, (ii * jj).sqrt()
+def factors(grams, P, x, y, k: int, d: int):
+    """The scores from the per-sample factors (the engine's ``PairGrams``): no gradient
+    row is written."""
+    g = grams(P, x, y)
+    return g[:, 0], g[:, 1].sqrt() * g[:, 2].sqrt()
 
 
 def rounds(clients: int, hidden: int, batches: int, repeats: int) -> None:
@@ -122,21 +101,21 @@ def main() -> None:
     if args.clients:
         return rounds(args.clients, args.hidden, args.batches, args.repeats)
     sizes = [784, args.hidden, 10]
-    layers, lg, k = mlp_layers(sizes), _mlp_loss_grad(sizes), args.batches
-    d = layers[-1][2]
+    grams, lg, k = PairGrams(sizes), _mlp_loss_grad(sizes), args.batches
+    d = mlp_layers(sizes)[-1][2]
     torch.manual_seed(0)
     print(f"MLP {sizes}, k = {k}, batch {B}, {torch.get_num_threads()} threads")
     for U in (int(p) for p in args.pairs.split(",")):
         P = torch.randn(U, d) * 0.05
         x = torch.randn(2 * k * U, B, 784)
         y = torch.randint(0, 10, (2 * k * U, B))
-        (dot_w, nrm_w), (dot_f, nrm_f) = written(lg, P, x, y, k, d), factors(layers, P, x, y, k, d)
+        (dot_w, nrm_w), (dot_f, nrm_f) = written(lg, P, x, y, k, d), factors(grams, P, x, y, k, d)
         cos_gap = (dot_w / nrm_w - dot_f / nrm_f).abs().max().item()
         times: dict[str, list[float]] = {"written": [], "factors": []}
         for _ in range(args.repeats):
             for name, fn in (("written", written), ("factors", factors)):
                 t = time.perf_counter()
-                fn(lg if name == "written" else layers, P, x, y, k, d)
+                fn(lg if name == "written" else grams, P, x, y, k, d)
                 times[name].append(time.perf_counter() - t)
         w, f = min(times["written"]), min(times["factors"])
         print(

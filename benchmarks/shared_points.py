@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from raycobo.models import _mlp_loss_grad, mlp_layers
+from raycobo.models import _mlp_forward, _mlp_loss_grad, mlp_layers
 
 SIZES = [784, 64, 10]
 
@@ -38,14 +38,8 @@ def shared_loss_grad(P, x, y, G, R: int, sizes: list[int] = SIZES) -> torch.Tens
     gradients written in place (point-major), -> losses (U R,)."""
     U, RB = x.shape[0], x.shape[1]
     B = RB // R
-    acts, h = [x], x
     spec = mlp_layers(sizes)
-    for li, (w0, b0, end, a, b) in enumerate(spec):
-        W = P[:, w0:b0].view(U, b, a)
-        h = torch.baddbmm(P[:, b0:end].view(U, 1, b), h, W.transpose(1, 2))
-        if li < len(spec) - 1:
-            h = h.clamp_min_(0)
-            acts.append(h)
+    acts, h = _mlp_forward(spec, P, x)
     logp = torch.log_softmax(h, dim=-1)
     loss = -logp.gather(-1, y[..., None]).squeeze(-1).view(U * R, B).mean(dim=1)
     delta = logp.exp_()
